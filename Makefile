@@ -1,0 +1,27 @@
+# Everything runs from a local virtualenv that these targets create and keep up to date.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.otel-llm-installed
+
+.PHONY: demo test bench venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+demo: venv
+	$(PY) examples/demo.py
+
+test: venv
+	$(PY) -m pytest -q -p no:cacheprovider
+
+bench: venv
+	$(PY) benchmarks/overhead.py
+
+clean:
+	rm -rf $(VENV) otel-llm-traces.jsonl .pytest_cache

@@ -1,0 +1,125 @@
+"""Span attributes of a model call, from the request, the response and the recorded timeline."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
+
+from otel_llm import semconv as sc
+
+if TYPE_CHECKING:
+    from otel_llm.capture.call import LlmCall
+    from otel_llm.parse.request import RequestInfo
+    from otel_llm.parse.response import ResponseInfo
+
+_SECRET_QUERY_KEY = re.compile(
+    r"(?i)(key|token|secret|password|passwd|pwd|auth|signature|sig|credential|session|code)"
+)
+REDACTED = "REDACTED"
+
+_HOSTED_PROVIDERS = {
+    "api.openai.com": "openai",
+    "api.anthropic.com": "anthropic",
+    "api.mistral.ai": "mistral_ai",
+    "api.groq.com": "groq",
+    "api.deepseek.com": "deepseek",
+    "api.x.ai": "x_ai",
+}
+
+
+def sanitize_url(url: str) -> str:
+    """``url`` without user info and with secret-looking query values redacted."""
+    parts = urlsplit(url)
+    netloc = parts.netloc.rpartition("@")[2]
+    if not parts.query:
+        return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    query = "&".join(
+        f"{quote(k, safe='')}={REDACTED if _SECRET_QUERY_KEY.search(k) else quote(v, safe='')}"
+        for k, v in pairs
+    )
+    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+
+
+def provider_name(runtime: str | None, host: str, api: str) -> str:
+    """``gen_ai.provider.name``: the runtime when known, else the hosted vendor, else the API family."""
+    if runtime:
+        return runtime
+    hosted = _HOSTED_PROVIDERS.get(host)
+    if hosted:
+        return hosted
+    if api.startswith("anthropic"):
+        return "anthropic"
+    return "openai_compatible" if api.startswith("openai") else "_OTHER"
+
+
+def span_name(operation: str, model: str | None) -> str:
+    return f"{operation} {model}" if model else operation
+
+
+def _put(attrs: dict[str, Any], key: str, value: Any) -> None:
+    if value is None:
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        return
+    attrs[key] = value
+
+
+def request_attributes(call: LlmCall, provider: str, capture_content: bool) -> dict[str, Any]:
+    """Attributes known when the request starts (samplers see these)."""
+    info: RequestInfo = call.request_info
+    url = call.url
+    attrs: dict[str, Any] = {
+        sc.GEN_AI_OPERATION_NAME: call.route.operation,
+        sc.GEN_AI_PROVIDER_NAME: provider,
+        sc.LLM_API: call.route.api,
+        sc.HTTP_REQUEST_METHOD: call.method,
+        sc.SERVER_ADDRESS: url.host,
+        sc.URL_FULL: sanitize_url(str(url)),
+    }
+    _put(attrs, sc.SERVER_PORT, url.port or (443 if url.scheme == "https" else 80))
+    _put(attrs, sc.LLM_RUNTIME_NAME, call.runtime)
+    _put(attrs, sc.GEN_AI_REQUEST_MODEL, info.model)
+    _put(attrs, sc.GEN_AI_REQUEST_MAX_TOKENS, info.max_tokens)
+    _put(attrs, sc.GEN_AI_REQUEST_TEMPERATURE, info.temperature)
+    _put(attrs, sc.GEN_AI_REQUEST_TOP_P, info.top_p)
+    _put(attrs, sc.GEN_AI_REQUEST_TOP_K, info.top_k)
+    _put(attrs, sc.GEN_AI_REQUEST_SEED, info.seed)
+    if info.stop_sequences:
+        attrs[sc.GEN_AI_REQUEST_STOP_SEQUENCES] = list(info.stop_sequences)
+    if info.stream:
+        attrs[sc.GEN_AI_REQUEST_STREAM] = True
+    if capture_content:
+        _put(attrs, sc.GEN_AI_INPUT_MESSAGES, _json(info.messages))
+        _put(attrs, sc.GEN_AI_SYSTEM_INSTRUCTIONS, _json(info.system))
+    return attrs
+
+
+def _json(value: Any) -> str | None:
+    if value is None:
+        return None
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str)[:65536]
+    except (TypeError, ValueError):
+        return None
+
+
+def response_attributes(response: ResponseInfo | None, attrs: dict[str, Any], capture_content: bool) -> None:
+    """Add what the response body/stream carried."""
+    if response is None:
+        return
+    _put(attrs, sc.GEN_AI_RESPONSE_ID, response.response_id)
+    _put(attrs, sc.GEN_AI_RESPONSE_MODEL, response.response_model)
+    if response.finish_reasons:
+        attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] = list(response.finish_reasons)
+    _put(attrs, sc.GEN_AI_USAGE_INPUT_TOKENS, response.input_tokens)
+    _put(attrs, sc.GEN_AI_USAGE_OUTPUT_TOKENS, response.output_tokens)
+    _put(attrs, sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, response.cached_input_tokens)
+    _put(attrs, sc.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS, response.reasoning_output_tokens)
+    if capture_content and response.output_text:
+        attrs[sc.GEN_AI_OUTPUT_MESSAGES] = _json(
+            [{"role": "assistant", "parts": [{"type": "text", "content": response.output_text}]}]
+        )

@@ -1,0 +1,66 @@
+"""Metric instruments for model calls, created once per meter provider."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opentelemetry.metrics import MeterProvider
+
+from otel_llm import semconv as sc
+from otel_llm.version import __version__
+
+# Metric attributes: the GenAI common set (low cardinality; no ids, no URLs).
+_METRIC_KEYS = (
+    sc.GEN_AI_OPERATION_NAME, sc.GEN_AI_PROVIDER_NAME, sc.GEN_AI_REQUEST_MODEL,
+    sc.GEN_AI_RESPONSE_MODEL, sc.SERVER_ADDRESS, sc.SERVER_PORT, sc.ERROR_TYPE,
+)
+
+
+class CallMetrics:
+    """The histograms one call records into."""
+
+    def __init__(self, meter_provider: MeterProvider) -> None:
+        meter = meter_provider.get_meter(sc.INSTRUMENTATION_NAME, __version__)
+        self.duration = meter.create_histogram(
+            sc.METRIC_OPERATION_DURATION, unit="s",
+            description="GenAI operation duration.",
+            explicit_bucket_boundaries_advisory=list(sc.DURATION_BUCKETS),
+        )
+        self.tokens = meter.create_histogram(
+            sc.METRIC_TOKEN_USAGE, unit="{token}",
+            description="Number of input and output tokens used.",
+            explicit_bucket_boundaries_advisory=list(sc.TOKEN_BUCKETS),
+        )
+        self.first_chunk = meter.create_histogram(
+            sc.METRIC_TIME_TO_FIRST_CHUNK, unit="s",
+            description="Time to receive the first chunk carrying generated output.",
+            explicit_bucket_boundaries_advisory=list(sc.DURATION_BUCKETS),
+        )
+        self.per_chunk = meter.create_histogram(
+            sc.METRIC_TIME_PER_OUTPUT_CHUNK, unit="s",
+            description="Time between consecutive output chunks after the first.",
+            explicit_bucket_boundaries_advisory=list(sc.DURATION_BUCKETS),
+        )
+        self.phase = meter.create_histogram(
+            sc.METRIC_PHASE_DURATION, unit="s",
+            description="Duration of each phase of a model call (llm.phase = the phase span's name).",
+            explicit_bucket_boundaries_advisory=list(sc.PHASE_BUCKETS),
+        )
+
+    def record(self, span_attrs: dict[str, Any], timings: dict[str, Any], phases: list[tuple[str, float]]) -> None:
+        """Record one finished call; ``timings`` holds the llm.client.* values."""
+        attrs = {k: span_attrs[k] for k in _METRIC_KEYS if k in span_attrs}
+        self.duration.record(timings["duration"], attrs)
+        for token_type, key in (("input", sc.GEN_AI_USAGE_INPUT_TOKENS), ("output", sc.GEN_AI_USAGE_OUTPUT_TOKENS)):
+            value = span_attrs.get(key)
+            if isinstance(value, int):
+                self.tokens.record(value, {**attrs, sc.GEN_AI_TOKEN_TYPE: token_type})
+        ttft = timings.get(sc.LLM_CLIENT_TIME_TO_FIRST_TOKEN)
+        if ttft is not None:
+            self.first_chunk.record(ttft, attrs)
+        per_chunk = timings.get("time_per_chunk")
+        if per_chunk is not None:
+            self.per_chunk.record(per_chunk, attrs)
+        phase_attrs = {k: attrs[k] for k in _METRIC_KEYS[:3] if k in attrs}
+        for name, seconds in phases:
+            self.phase.record(seconds, {**phase_attrs, sc.LLM_PHASE: name})

@@ -1,0 +1,112 @@
+"""Time DNS apart from TCP connect.
+
+httpcore resolves inside ``connect_tcp`` (``socket.create_connection`` / anyio's happy eyeballs),
+so there is no DNS event. During a model call, the backend's ``connect_tcp`` is given the
+resolved addresses instead of the name: ``getaddrinfo`` is timed on its own, then each address is
+tried in order, as ``create_connection`` does. TLS still uses the original host name for SNI and
+certificate checks (httpcore passes it to ``start_tls`` separately). Outside model calls the
+original method runs untouched.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import ipaddress
+import socket
+from types import ModuleType
+from typing import Any, Callable
+
+from otel_llm.capture.call import LlmCall, perf_ns
+
+CURRENT_CALL: contextvars.ContextVar[LlmCall | None] = contextvars.ContextVar(
+    "otel_llm_current_call", default=None
+)
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _split(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, int, dict[str, Any]]:
+    rest = dict(kwargs)
+    host = args[0] if len(args) > 0 else rest.pop("host")
+    port = args[1] if len(args) > 1 else rest.pop("port")
+    names = ("timeout", "local_address", "socket_options")
+    for name, value in zip(names, args[2:]):
+        rest[name] = value
+    return host, port, rest
+
+
+def _addresses(infos: list[Any]) -> list[str]:
+    seen: list[str] = []
+    for info in infos:
+        address = info[4][0]
+        if address not in seen:
+            seen.append(address)
+    return seen
+
+
+def sync_connect_wrapper(core: ModuleType) -> Callable[..., Any]:
+    """wrapt wrapper for ``<core>.SyncBackend.connect_tcp``."""
+
+    def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        call = CURRENT_CALL.get()
+        if call is None:
+            return wrapped(*args, **kwargs)
+        host, port, rest = _split(args, kwargs)
+        if _is_ip(host):
+            return wrapped(host, port, **rest)
+        start = perf_ns()
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            call.on_dns(start, 0)  # no end mark: the call ends inside the DNS phase
+            raise core.ConnectError(str(exc)) from exc
+        call.on_dns(start, perf_ns())
+        return _connect_each(wrapped, _addresses(infos), port, rest, core)
+
+    return wrapper
+
+
+def _connect_each(wrapped: Any, addresses: list[str], port: int, rest: dict[str, Any], core: Any) -> Any:
+    error: BaseException | None = None
+    for address in addresses:
+        try:
+            return wrapped(address, port, **rest)
+        except core.ConnectError as exc:
+            error = exc
+    raise error if error is not None else core.ConnectError("no address to connect to")
+
+
+def async_connect_wrapper(core: ModuleType) -> Callable[..., Any]:
+    """wrapt wrapper for ``<core>.AnyIOBackend.connect_tcp``."""
+
+    async def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        call = CURRENT_CALL.get()
+        if call is None:
+            return await wrapped(*args, **kwargs)
+        host, port, rest = _split(args, kwargs)
+        if _is_ip(host):
+            return await wrapped(host, port, **rest)
+        import anyio
+
+        start = perf_ns()
+        try:
+            infos = await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            call.on_dns(start, 0)  # no end mark: the call ends inside the DNS phase
+            raise core.ConnectError(str(exc)) from exc
+        call.on_dns(start, perf_ns())
+        error: BaseException | None = None
+        for address in _addresses(infos):
+            try:
+                return await wrapped(address, port, **rest)
+            except core.ConnectError as exc:
+                error = exc
+        raise error if error is not None else core.ConnectError("no address to connect to")
+
+    return wrapper

@@ -1,0 +1,120 @@
+"""Options of ``otel_llm.instrument()`` and their ``OTEL_LLM_*`` environment variables.
+
+An explicit keyword wins over the environment; a bad value is reported once in the log and
+replaced by the default, never raised into the application.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from otel_llm import semconv as sc
+from otel_llm._log import logger
+
+DEFAULT_TRACES_FILE = "otel-llm-traces.jsonl"
+PROTOCOLS = ("grpc", "http/protobuf")
+
+# option name -> environment variable (documented in the README table)
+ENV_VARS: dict[str, str] = {
+    "service_name": "OTEL_LLM_SERVICE_NAME",
+    "endpoint": "OTEL_LLM_ENDPOINT",
+    "protocol": "OTEL_LLM_PROTOCOL",
+    "capture_content": "OTEL_LLM_CAPTURE_CONTENT",
+    "runtimes": "OTEL_LLM_RUNTIMES",
+    "llm_routes": "OTEL_LLM_LLM_ROUTES",
+    "traces_file": "OTEL_LLM_TRACES_FILE",
+    "console_summary": "OTEL_LLM_CONSOLE_SUMMARY",
+}
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+@dataclass
+class Options:
+    service_name: str | None = None
+    endpoint: str | None = None
+    protocol: str | None = None
+    tracer_provider: Any = None
+    meter_provider: Any = None
+    capture_content: bool = False
+    runtimes: Mapping[str, str] = field(default_factory=dict)
+    llm_routes: Sequence[str] = ()
+    traces_file: str = DEFAULT_TRACES_FILE
+    console_summary: bool = True
+
+
+def _warn(name: str, value: Any, why: str) -> None:
+    logger.warning("otel_llm: ignoring %s=%r: %s", name, value, why)
+
+
+def _parse_bool(name: str, value: Any, default: bool) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    _warn(name, value, "expected true or false")
+    return default
+
+
+def _parse_runtimes(name: str, value: Any) -> dict[str, str]:
+    """``{"http://host:11434": "ollama"}`` or ``"http://host:11434=ollama,http://h:8000=vllm"``."""
+    if isinstance(value, Mapping):
+        return {str(k): str(v) for k, v in value.items()}
+    result: dict[str, str] = {}
+    for item in str(value).split(","):
+        base, sep, runtime = item.strip().rpartition("=")
+        if not sep or not base or not runtime:
+            if item.strip():
+                _warn(name, item, "expected BASE_URL=RUNTIME")
+            continue
+        result[base.strip()] = runtime.strip()
+    return result
+
+
+def _parse_routes(value: Any) -> tuple[str, ...]:
+    items = value.split(",") if isinstance(value, str) else list(value)
+    return tuple("/" + str(r).strip().lstrip("/") for r in items if str(r).strip())
+
+
+def resolve(kwargs: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> Options:
+    """Options from keywords, then ``OTEL_LLM_*`` variables, then defaults."""
+    env = os.environ if environ is None else environ
+    options = Options()
+    known = set(Options.__dataclass_fields__)
+    for name in kwargs:
+        if name not in known:
+            _warn(name, kwargs[name], "unknown option")
+    raw: dict[str, Any] = {}
+    for name, variable in ENV_VARS.items():
+        if variable in env:
+            raw[name] = env[variable]
+    if "capture_content" not in raw and sc.ENV_CAPTURE_CONTENT in env:
+        raw["capture_content"] = env[sc.ENV_CAPTURE_CONTENT]
+    raw.update({k: v for k, v in kwargs.items() if k in known and v is not None})
+    _apply(options, raw)
+    return options
+
+
+def _apply(options: Options, raw: Mapping[str, Any]) -> None:
+    for name, value in raw.items():
+        if name in ("capture_content", "console_summary"):
+            setattr(options, name, _parse_bool(name, value, getattr(options, name)))
+        elif name == "runtimes":
+            options.runtimes = _parse_runtimes(name, value)
+        elif name == "llm_routes":
+            options.llm_routes = _parse_routes(value)
+        elif name == "protocol":
+            protocol = str(value).strip().lower()
+            if protocol in PROTOCOLS:
+                options.protocol = protocol
+            else:
+                _warn(name, value, f"expected one of {', '.join(PROTOCOLS)}")
+        elif name in ("tracer_provider", "meter_provider"):
+            setattr(options, name, value)
+        else:
+            setattr(options, name, str(value).strip() or getattr(options, name))

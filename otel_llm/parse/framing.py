@@ -1,0 +1,112 @@
+"""Incremental, bounded scanning of a streamed response.
+
+The capture layer only appends ``(timestamp, chunk)`` pairs on the hot path. Every ~64 KiB (and
+at the end) the pairs are folded here: the batch is joined once and scanned by the format's token
+regex in C, which yields the first and last generated-token arrival times and the number of
+token events without parsing JSON. Only the head (first events) and tail (last events) are kept,
+so memory stays bounded on an endless stream with no delimiters.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from itertools import accumulate
+
+from otel_llm.parse.formats import StreamFormat
+
+HEAD_BYTES = 16 * 1024
+TAIL_BYTES = 32 * 1024
+BODY_LIMIT = 8 * 1024 * 1024  # non-streamed bodies larger than this are not parsed
+_OVERLAP = 128  # longer than any token marker, so a marker split across batches is still seen
+_MAX_TAIL_EVENTS = 6
+
+
+class StreamScanner:
+    """Folds batches of timed chunks into first/last token times, counts and head/tail bytes."""
+
+    __slots__ = (
+        "fmt", "first_token_ns", "last_token_ns", "token_events", "chunks", "bytes",
+        "max_gap_ns", "_prev_ns", "_head", "_tail", "_overlap",
+    )
+
+    def __init__(self, fmt: StreamFormat) -> None:
+        self.fmt = fmt
+        self.first_token_ns = 0
+        self.last_token_ns = 0
+        self.token_events = 0
+        self.chunks = 0
+        self.bytes = 0
+        self.max_gap_ns = 0
+        self._prev_ns = 0
+        self._head = b""
+        self._tail = b""
+        self._overlap = b""
+
+    def fold(self, times: list[int], chunks: list[bytes]) -> None:
+        """Account for one batch of chunks and the perf-counter times they arrived at."""
+        if not chunks:
+            return
+        data = b"".join(chunks)
+        self.chunks += len(chunks)
+        self.bytes += len(data)
+        if len(self._head) < HEAD_BYTES:
+            self._head += data[: HEAD_BYTES - len(self._head)]
+        self._tail = (self._tail + data)[-TAIL_BYTES:]
+        self._scan_tokens(times, chunks, data)
+        self._overlap = data[-_OVERLAP:] if len(data) >= _OVERLAP else (self._overlap + data)[-_OVERLAP:]
+
+    def _scan_tokens(self, times: list[int], chunks: list[bytes], data: bytes) -> None:
+        overlap = self._overlap
+        skip = len(overlap)
+        first = last = None
+        count = 0
+        for match in self.fmt.token.finditer(overlap + data):
+            if match.end() <= skip:
+                continue  # seen whole in the previous batch
+            if first is None:
+                first = match
+            last = match
+            count += 1
+        if count == 0:
+            self._note_gaps(times, 0 if self.first_token_ns else len(times))
+            return
+        ends = list(accumulate(map(len, chunks)))
+        first_index = bisect_right(ends, first.end() - 1 - skip)
+        last_index = bisect_right(ends, last.end() - 1 - skip)
+        if not self.first_token_ns:
+            self.first_token_ns = times[first_index]
+            self._note_gaps(times, first_index)
+        else:
+            self._note_gaps(times, 0)
+        self.last_token_ns = times[last_index]
+        self.token_events += count
+
+    def _note_gaps(self, times: list[int], start: int) -> None:
+        """Track the longest silence between chunks, from the first generated token on."""
+        if start >= len(times):
+            return
+        prev = self._prev_ns if start == 0 and self._prev_ns else times[start]
+        gap = self.max_gap_ns
+        for t in times[start:]:
+            if t - prev > gap:
+                gap = t - prev
+            prev = t
+        self.max_gap_ns = gap
+        self._prev_ns = prev
+
+    def first_event(self) -> bytes | None:
+        """The first complete event of the stream (id, model and role live there)."""
+        head = self._head.replace(b"\r\n", b"\n")
+        for event in head.split(self.fmt.delimiter):
+            if event.strip():
+                return event
+        return None
+
+    def last_events(self) -> list[bytes]:
+        """Up to the last few events (finish reason, usage and runtime counters live there)."""
+        tail = self._tail.replace(b"\r\n", b"\n")
+        parts = tail.split(self.fmt.delimiter)
+        if len(self._tail) >= TAIL_BYTES and len(parts) > 1:
+            parts = parts[1:]  # the first part was cut mid-event
+        events = [p for p in parts if p.strip()]
+        return events[-_MAX_TAIL_EVENTS:]

@@ -1,0 +1,43 @@
+"""Options: keywords over environment over defaults; bad values are reported, not raised."""
+
+from __future__ import annotations
+
+import logging
+
+from otel_llm.config import DEFAULT_TRACES_FILE, resolve
+
+
+def test_defaults() -> None:
+    options = resolve({}, environ={})
+    assert options.capture_content is False
+    assert options.console_summary is True
+    assert options.traces_file == DEFAULT_TRACES_FILE
+    assert options.endpoint is None
+
+
+def test_environment_and_keyword_precedence() -> None:
+    env = {"OTEL_LLM_SERVICE_NAME": "from-env", "OTEL_LLM_CAPTURE_CONTENT": "true",
+           "OTEL_LLM_RUNTIMES": "http://a:11434=ollama, http://b:8000=vllm",
+           "OTEL_LLM_LLM_ROUTES": "/my/infer,other", "OTEL_LLM_PROTOCOL": "grpc"}
+    options = resolve({"service_name": "from-kwarg"}, environ=env)
+    assert options.service_name == "from-kwarg"
+    assert options.capture_content is True
+    assert options.runtimes == {"http://a:11434": "ollama", "http://b:8000": "vllm"}
+    assert options.llm_routes == ("/my/infer", "/other")
+    assert options.protocol == "grpc"
+
+
+def test_standard_genai_content_switch() -> None:
+    assert resolve({}, environ={"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "TRUE"}).capture_content
+    # otel_llm's own variable wins over the shared one
+    env = {"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "true", "OTEL_LLM_CAPTURE_CONTENT": "false"}
+    assert resolve({}, environ=env).capture_content is False
+
+
+def test_bad_values_are_logged_and_ignored(caplog) -> None:
+    with caplog.at_level(logging.WARNING, logger="otel_llm"):
+        options = resolve({"protocol": "carrier-pigeon", "capture_content": "maybe", "colour": "red"},
+                          environ={"OTEL_LLM_RUNTIMES": "nonsense"})
+    assert options.protocol is None and options.capture_content is False and options.runtimes == {}
+    text = caplog.text
+    assert "carrier-pigeon" in text and "maybe" in text and "unknown option" in text and "BASE_URL=RUNTIME" in text

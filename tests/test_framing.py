@@ -1,0 +1,130 @@
+"""The stream scanner finds generated tokens in raw bytes, however the bytes are split."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from otel_llm.parse import routes
+from otel_llm.parse.formats import stream_format
+from otel_llm.parse.framing import TAIL_BYTES, StreamScanner
+
+
+def _sse(obj: object, space: bool = True) -> bytes:
+    return b"data:" + (b" " if space else b"") + json.dumps(obj).encode() + b"\n\n"
+
+
+def _openai_stream(n: int) -> list[bytes]:
+    frames = [_sse({"id": "c1", "choices": [{"delta": {"role": "assistant", "content": ""}}]})]
+    frames.append(b": keep-alive\n\n")
+    frames += [_sse({"id": "c1", "choices": [{"delta": {"content": f"tok{i} "}}]}) for i in range(n)]
+    frames.append(_sse({"id": "c1", "choices": [{"delta": {}, "finish_reason": "stop"}]}))
+    frames.append(_sse({"id": "c1", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": n}}))
+    frames.append(b"data: [DONE]\n\n")
+    return frames
+
+
+def _scan(frames: list[bytes], api: str = routes.API_OPENAI_CHAT, batch: int = 10_000) -> StreamScanner:
+    scanner = StreamScanner(stream_format(api, "text/event-stream"))
+    times = [1000 * (i + 1) for i in range(len(frames))]
+    for start in range(0, len(frames), batch):
+        scanner.fold(times[start:start + batch], frames[start:start + batch])
+    return scanner
+
+
+def test_role_keepalive_and_usage_frames_are_not_tokens() -> None:
+    scanner = _scan(_openai_stream(5))
+    assert scanner.token_events == 5
+    assert scanner.first_token_ns == 3000  # third frame: after role and keep-alive
+    assert scanner.last_token_ns == 7000
+
+
+def test_batches_give_the_same_answer_as_one_pass() -> None:
+    frames = _openai_stream(40)
+    whole = _scan(frames)
+    for batch in (1, 2, 3, 7):
+        part = _scan(frames, batch=batch)
+        assert (part.token_events, part.first_token_ns, part.last_token_ns) == (
+            whole.token_events, whole.first_token_ns, whole.last_token_ns)
+
+
+def test_a_marker_split_across_chunks_counts_once_at_its_completing_chunk() -> None:
+    frame = _sse({"choices": [{"delta": {"content": "hello"}}]})
+    cut = frame.index(b'"hello"') - 3
+    scanner = _scan([frame[:cut], frame[cut:]], batch=1)
+    assert scanner.token_events == 1
+    assert scanner.first_token_ns == 2000
+
+
+def test_max_gap_counts_from_the_first_token() -> None:
+    scanner = StreamScanner(stream_format(routes.API_OPENAI_CHAT, "text/event-stream"))
+    frames = _openai_stream(3)
+    times = [0, 500_000_000, 600_000_000, 610_000_000, 900_000_000, 901_000_000, 902_000_000, 903_000_000]
+    scanner.fold(times, frames)
+    assert scanner.first_token_ns == 600_000_000
+    assert scanner.max_gap_ns == 290_000_000  # not the 500 ms before the first token
+
+
+def test_first_and_last_events_for_final_parsing() -> None:
+    scanner = _scan(_openai_stream(3))
+    first = scanner.first_event()
+    assert first is not None and b'"role": "assistant"' in first
+    last = scanner.last_events()
+    assert last[-1] == b"data: [DONE]"
+    assert b'"usage"' in last[-2]
+
+
+def test_tail_is_bounded_on_an_endless_stream_without_delimiters() -> None:
+    scanner = StreamScanner(stream_format(routes.API_OPENAI_CHAT, "text/event-stream"))
+    blob = b"x" * 65536
+    for i in range(200):
+        scanner.fold([i], [blob])
+    assert len(scanner._tail) <= TAIL_BYTES
+    assert scanner.bytes == 200 * 65536
+    assert scanner.token_events == 0
+
+
+def test_ollama_ndjson_tokens() -> None:
+    lines = [json.dumps({"message": {"role": "assistant", "content": c}, "done": False}).encode() + b"\n"
+             for c in ("Hi", " there")]
+    lines.append(json.dumps({"message": {"role": "assistant", "content": ""}, "done": True, "eval_count": 2}).encode() + b"\n")
+    scanner = StreamScanner(stream_format(routes.API_OLLAMA_CHAT, "application/x-ndjson"))
+    scanner.fold([1, 2, 3], lines)
+    assert scanner.token_events == 2
+    assert scanner.last_events()[-1].startswith(b'{"message"')
+
+
+def test_tgi_generate_stream_without_space_after_data() -> None:
+    frames = [_sse({"index": i, "token": {"id": 10 + i, "text": f"t{i}", "logprob": -0.1, "special": False},
+                    "generated_text": None, "details": None}, space=False) for i in range(4)]
+    scanner = _scan(frames, api=routes.API_TGI_GENERATE_STREAM)
+    assert scanner.token_events == 4
+
+
+def test_lmstudio_named_events() -> None:
+    frames = [b"event: chat.start\ndata: {}\n\n", b"event: prompt_processing.progress\ndata: {\"progress\":0.5}\n\n",
+              b"event: message.delta\ndata: {\"content\":\"Hi\"}\n\n", b"event: chat.end\ndata: {}\n\n"]
+    scanner = _scan(frames, api=routes.API_LMSTUDIO_V1_CHAT)
+    assert scanner.token_events == 1 and scanner.first_token_ns == 3000
+
+
+def test_anthropic_deltas() -> None:
+    frames = [b'event: message_start\ndata: {"type":"message_start","message":{"id":"m"}}\n\n',
+              b'event: ping\ndata: {"type": "ping"}\n\n',
+              b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hi"}}\n\n',
+              b'event: message_stop\ndata: {"type":"message_stop"}\n\n']
+    scanner = _scan(frames, api=routes.API_ANTHROPIC_MESSAGES)
+    assert scanner.token_events == 1 and scanner.first_token_ns == 3000
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.binary(max_size=4096), cuts=st.lists(st.integers(0, 4096), max_size=20))
+def test_random_bytes_and_splits_never_raise(data: bytes, cuts: list[int]) -> None:
+    points = sorted({c for c in cuts if c <= len(data)} | {0, len(data)})
+    chunks = [data[a:b] for a, b in zip(points, points[1:]) if b > a]
+    scanner = _scan(chunks or [b""], batch=3)
+    scanner.first_event()
+    scanner.last_events()
+    assert scanner.bytes == len(data)
