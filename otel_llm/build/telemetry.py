@@ -223,16 +223,8 @@ def _tls_attributes(stream: Any) -> dict[str, Any]:
 
 
 def _peer(call: LlmCall, attrs: dict[str, Any]) -> None:
-    stream = call.tcp_stream
-    if stream is None:
-        return
-    try:
-        address = stream.get_extra_info("server_addr")
-    except Exception:
-        return
-    if isinstance(address, tuple) and len(address) >= 2:
-        attrs[sc.NETWORK_PEER_ADDRESS] = str(address[0])
-        attrs[sc.NETWORK_PEER_PORT] = int(address[1])
+    if call.peer is not None:
+        attrs[sc.NETWORK_PEER_ADDRESS], attrs[sc.NETWORK_PEER_PORT] = call.peer
 
 
 def client_timings(call: LlmCall, response: ResponseInfo | None) -> dict[str, Any]:

@@ -52,12 +52,21 @@ END_ERROR = "error"
 END_GC = "garbage_collected"
 
 
+def _peer_address(stream: Any) -> tuple[str, int] | None:
+    """The connected address, read now: by the end of the call the socket may be closed."""
+    try:
+        address = stream.get_extra_info("server_addr")
+        return (str(address[0]), int(address[1]))
+    except Exception:
+        return None
+
+
 class LlmCall:
     """Everything recorded about one model call; finished exactly once."""
 
     __slots__ = (
         "telemetry", "route", "request_info", "url", "method", "runtime", "span",
-        "t0", "epoch0", "t_end", "marks", "tls_stream", "tcp_stream", "http_version",
+        "t0", "epoch0", "t_end", "marks", "tls_stream", "peer", "http_version",
         "status", "response_headers", "content_type", "scanner", "times", "chunks", "pending",
         "body", "body_overflow", "end_reason", "exception", "_lock", "_done", "__weakref__",
     )
@@ -78,7 +87,7 @@ class LlmCall:
         self.t_end = 0
         self.marks = [0] * N_MARKS
         self.tls_stream: Any = None
-        self.tcp_stream: Any = None
+        self.peer: tuple[str, int] | None = None
         self.http_version: str | None = None
         self.status = 0
         self.response_headers: dict[str, str] = {}
@@ -101,7 +110,7 @@ class LlmCall:
             return
         self.marks[index] = perf_ns()
         if index == CONNECT_END:
-            self.tcp_stream = info.get("return_value")
+            self.peer = _peer_address(info.get("return_value"))
         elif index == TLS_END:
             self.tls_stream = info.get("return_value")
         elif index == HEADERS:

@@ -24,8 +24,6 @@ def make_stream_classes(httpx_module: ModuleType) -> tuple[type, type]:
     """Return (sync, async) stream wrapper classes built on ``httpx_module``'s byte streams."""
 
     class SyncLlmStream(httpx_module.SyncByteStream):  # type: ignore[name-defined,misc]
-        __slots__ = ("_inner", "_call", "__weakref__")
-
         def __init__(self, inner: Any, call: LlmCall) -> None:
             self._inner = inner
             self._call = call
@@ -56,7 +54,6 @@ def make_stream_classes(httpx_module: ModuleType) -> tuple[type, type]:
     class AsyncLlmStream(httpx_module.AsyncByteStream):  # type: ignore[name-defined,misc]
         # A plain async iterator, not an async generator: abandoned async generators are
         # finalized by the event loop's hooks, possibly after the loop is gone.
-        __slots__ = ("_inner", "_call", "_iterator", "__weakref__")
 
         def __init__(self, inner: Any, call: LlmCall) -> None:
             self._inner = inner

@@ -1,0 +1,231 @@
+"""Render recorded model calls as terminal waterfalls (pure functions, no I/O).
+
+Input is the flattened span dicts of :func:`otel_llm.export.jsonl.read_jsonl`. A model call is
+a CLIENT span carrying ``gen_ai.operation.name``; its direct children are the phase spans.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from otel_llm import semconv as sc
+from otel_llm.export.summary import finite_number
+
+__all__ = ["ModelCall", "format_duration", "group_calls", "render_call", "render_calls", "select_calls"]
+
+SpanDict = Mapping[str, Any]
+
+_KIND_CLIENT = 3  # OTLP SpanKind numbering
+_STATUS_ERROR = 2
+_NAME_MIN, _NAME_MAX = 15, 24  # phase-name column; 15 fits "llm.server_wait"
+_MIN_BAR = 10
+# Children of a well-instrumented call tile it up to clock jitter; only report a remainder
+# that is a visible share of the call.
+_GAP_SHARE = 0.005
+UNACCOUNTED = "(unaccounted)"
+
+
+@dataclass
+class ModelCall:
+    """One model call: its CLIENT span and its direct child spans in start order."""
+
+    span: SpanDict
+    phases: list[SpanDict] = field(default_factory=list)
+
+    @property
+    def start_ns(self) -> int:
+        return int(self.span["startTimeUnixNano"])
+
+    @property
+    def end_ns(self) -> int:
+        return int(self.span["endTimeUnixNano"])
+
+    @property
+    def duration_ns(self) -> int:
+        return max(0, self.end_ns - self.start_ns)
+
+
+def _is_model_call(span: SpanDict) -> bool:
+    return span.get("kind") == _KIND_CLIENT and sc.GEN_AI_OPERATION_NAME in (span.get("attributes") or {})
+
+
+def group_calls(spans: Iterable[SpanDict]) -> list[ModelCall]:
+    """Collect model calls and attach their children, oldest first.
+
+    Works across the whole input because batch exporters may write a call and its phases
+    on different lines. A span written twice (same trace and span id) counts once.
+    """
+    unique: dict[tuple[str, str], SpanDict] = {}
+    for span in spans:
+        unique[(span["traceId"], span["spanId"])] = span
+    calls = {key: ModelCall(span) for key, span in unique.items() if _is_model_call(span)}
+    for span in unique.values():
+        parent = calls.get((span["traceId"], span.get("parentSpanId") or ""))
+        if parent is not None:
+            parent.phases.append(span)
+    for call in calls.values():
+        call.phases.sort(key=lambda s: (s["startTimeUnixNano"], s["endTimeUnixNano"]))
+    return sorted(calls.values(), key=lambda c: (c.start_ns, c.end_ns))
+
+
+def select_calls(calls: list[ModelCall], last: int | None = None, trace_id: str | None = None) -> list[ModelCall]:
+    """Keep calls whose trace id starts with ``trace_id`` (case-insensitive), then the newest ``last``."""
+    if trace_id:
+        prefix = trace_id.strip().lower()
+        calls = [c for c in calls if str(c.span["traceId"]).lower().startswith(prefix)]
+    if last is not None:
+        calls = calls[-last:] if last > 0 else []
+    return calls
+
+
+def format_duration(seconds: float) -> str:
+    """Short human duration: milliseconds below one second, seconds above."""
+    if seconds < 1:
+        return f"{seconds * 1000:.1f}ms"
+    if seconds < 100:
+        return f"{seconds:.3f}s"
+    return f"{seconds:.1f}s"
+
+
+def _format_start(ns: int) -> str:
+    moment = _dt.datetime.fromtimestamp(ns / 1e9)
+    return moment.strftime("%Y-%m-%d %H:%M:%S.") + f"{moment.microsecond // 1000:03d}"
+
+
+def _status(span: SpanDict) -> str | None:
+    attrs = span.get("attributes") or {}
+    http = attrs.get(sc.HTTP_RESPONSE_STATUS_CODE)
+    status = span.get("status") or {}
+    if status.get("code") == _STATUS_ERROR or sc.ERROR_TYPE in attrs:
+        reason = str(attrs.get(sc.ERROR_TYPE) or status.get("message") or "")
+        if http is None:
+            return f"ERROR {reason}".strip()
+        # error.type is often just the status code again; don't print "503 ERROR 503".
+        return f"{http} ERROR" if reason in ("", str(http)) else f"{http} ERROR {reason}"
+    return str(http) if http is not None else None
+
+
+def _pack(parts: list[str], width: int, indent: str = "  ") -> list[str]:
+    """Greedily join parts with two spaces into lines of at most ``width`` (never splitting a part)."""
+    lines: list[str] = []
+    for part in parts:
+        if lines and len(lines[-1]) + 2 + len(part) <= width:
+            lines[-1] += "  " + part
+        else:
+            lines.append(indent + part)
+    return lines
+
+
+def _header(call: ModelCall, width: int) -> list[str]:
+    """Identity of the call, then its key measurements (only those present), wrapped to width."""
+    span = call.span
+    attrs = span.get("attributes") or {}
+    address = attrs.get(sc.SERVER_ADDRESS)
+    port = attrs.get(sc.SERVER_PORT)
+    server = f"{address}:{port}" if address and port is not None else address
+    first = [span.get("name") or "model call", server, _status(span), _format_start(call.start_ns),
+             f"total {format_duration(call.duration_ns / 1e9)}"]
+    return ["  ".join(str(p) for p in first if p), *_pack(_measurements(attrs), width)]
+
+
+def _measurements(attrs: Mapping[str, Any]) -> list[str]:
+    parts = []
+    for label, key in (("ttfb", sc.LLM_CLIENT_TIME_TO_FIRST_BYTE), ("ttft", sc.LLM_CLIENT_TIME_TO_FIRST_TOKEN),
+                       ("decode", sc.LLM_CLIENT_GENERATION_DURATION)):
+        value = finite_number(attrs.get(key))
+        if value is not None:
+            parts.append(f"{label} {format_duration(value)}")
+    tin, tout = attrs.get(sc.GEN_AI_USAGE_INPUT_TOKENS), attrs.get(sc.GEN_AI_USAGE_OUTPUT_TOKENS)
+    if tin is not None or tout is not None:
+        parts.append(f"tokens in {'?' if tin is None else tin} / out {'?' if tout is None else tout}")
+    rate = finite_number(attrs.get(sc.LLM_CLIENT_GENERATION_RATE))
+    if rate is not None:
+        parts.append(f"{rate:.1f} tok/s")
+    chunks = attrs.get(sc.LLM_CLIENT_CHUNKS)
+    if chunks is not None:
+        parts.append(f"chunks {chunks}")
+    gap = finite_number(attrs.get(sc.LLM_CLIENT_MAX_CHUNK_GAP))
+    if gap is not None:
+        parts.append(f"max gap {format_duration(gap)}")
+    if attrs.get(sc.LLM_RUNTIME_NAME):
+        parts.append(f"runtime {attrs[sc.LLM_RUNTIME_NAME]}")
+    reused = attrs.get(sc.LLM_CLIENT_CONNECTION_REUSED)
+    if isinstance(reused, bool):
+        parts.append("conn reused" if reused else "new conn")
+    return parts or ["(no client timings recorded)"]
+
+
+def _gaps(call: ModelCall) -> list[tuple[int, int]]:
+    """Intervals of the call (ns offsets) not covered by any child span."""
+    gaps, cursor = [], 0
+    for child in call.phases:
+        lo = max(0, int(child["startTimeUnixNano"]) - call.start_ns)
+        hi = min(call.duration_ns, int(child["endTimeUnixNano"]) - call.start_ns)
+        if lo > cursor:
+            gaps.append((cursor, lo))
+        cursor = max(cursor, hi)
+    if cursor < call.duration_ns:
+        gaps.append((cursor, call.duration_ns))
+    return gaps
+
+
+def _paint(cells: list[str], lo_ns: int, hi_ns: int, total_ns: int, char: str) -> None:
+    """Fill the cells covering [lo, hi); any non-empty interval gets at least one cell."""
+    width = len(cells)
+    if total_ns <= 0 or hi_ns <= lo_ns:
+        return
+    # Rounding both ends (not start + length) lets tiled phases meet without overlap.
+    start = min(width, max(0, round(lo_ns * width / total_ns)))
+    end = min(width, max(0, round(hi_ns * width / total_ns)))
+    if end <= start:
+        start, end = min(start, width - 1), min(start, width - 1) + 1
+    for i in range(start, end):
+        cells[i] = char
+
+
+def _row(name: str, offset_ns: int, duration_ns: int, cells: list[str], name_width: int, edge: str) -> str:
+    offset = "+" + format_duration(offset_ns / 1e9)
+    return f"  {name:<{name_width}} {offset:>10} {format_duration(duration_ns / 1e9):>9} {edge}{''.join(cells)}{edge}"
+
+
+def render_call(call: ModelCall, width: int = 100, ascii: bool = False) -> str:
+    """Render one call: header lines, one bar row per phase, and the unaccounted remainder."""
+    full, gap_char, edge = ("#", ".", "|") if ascii else ("█", "░", "│")
+    names = [str(p.get("name", "")) for p in call.phases] + [UNACCOUNTED]
+    name_width = min(_NAME_MAX, max(_NAME_MIN, *(len(n) for n in names)))
+    bar_width = max(_MIN_BAR, width - (2 + name_width + 1 + 10 + 1 + 9 + 1 + 2))
+    total = call.duration_ns
+    lines = _header(call, width)
+    for phase in call.phases:
+        lo = int(phase["startTimeUnixNano"]) - call.start_ns
+        hi = int(phase["endTimeUnixNano"]) - call.start_ns
+        cells = [" "] * bar_width
+        _paint(cells, max(0, lo), min(total, hi), total, full)
+        lines.append(_row(str(phase.get("name", ""))[:name_width], lo, max(0, hi - lo), cells, name_width, edge))
+    gaps = _gaps(call)
+    missing = sum(hi - lo for lo, hi in gaps)
+    if gaps and (not call.phases or missing > total * _GAP_SHARE):
+        cells = [" "] * bar_width
+        for lo, hi in gaps:
+            _paint(cells, lo, hi, total, gap_char)
+        lines.append(_row(UNACCOUNTED, gaps[0][0], missing, cells, name_width, edge))
+    return "\n".join(lines)
+
+
+def render_calls(
+    spans: Iterable[SpanDict],
+    width: int = 100,
+    ascii: bool = False,
+    *,
+    last: int | None = None,
+    trace_id: str | None = None,
+) -> str:
+    """Render every model call in ``spans`` as a waterfall, newest last, blank line between calls.
+
+    Returns "" when no call matches.
+    """
+    calls = select_calls(group_calls(spans), last=last, trace_id=trace_id)
+    return "\n\n".join(render_call(c, width=width, ascii=ascii) for c in calls)
