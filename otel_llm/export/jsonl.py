@@ -21,6 +21,8 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import Link, SpanContext, SpanKind
 
+from otel_llm.config import DEFAULT_TRACES_FILE
+
 __all__ = [
     "DEFAULT_TRACES_FILE",
     "JsonLinesSpanExporter",
@@ -32,8 +34,6 @@ __all__ = [
 ]
 
 _logger = logging.getLogger(__name__)
-
-from otel_llm.config import DEFAULT_TRACES_FILE  # noqa: E402  (re-exported)
 
 # OTLP's SpanKind numbering starts at 1 (0 is UNSPECIFIED); the SDK's starts at 0.
 _KIND = {
