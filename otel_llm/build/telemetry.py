@@ -1,36 +1,28 @@
-"""Start a model call's span, and build the rest of its telemetry once when it finishes.
-
-The call span is a regular span of the configured tracer, started when the request starts (so
-samplers, span processors' ``on_start`` and ``traceparent`` injection see it). The phase
-children are built once at the end from the recorded timestamps. With the OpenTelemetry SDK
-they are handed to the tracer's span processor as finished ``ReadableSpan`` objects: about a
-fifth of the CPU of starting and ending SDK spans, which keeps the whole tree close to the cost
-of the single span that a generic HTTP instrumentation emits. Other tracers get ordinary spans
-with explicit start and end times.
+"""Start a model call (sampling decision, ``traceparent``), and build the rest of its telemetry
+once when it finishes: phases from the recorded marks, attributes from request, response and
+timeline, the span tree (see ``spans``) and the metrics.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from opentelemetry import propagate, trace
 from opentelemetry.metrics import MeterProvider
-from opentelemetry.trace import SpanKind, Status, StatusCode, TracerProvider
+from opentelemetry.trace import TracerProvider
 
 from otel_llm import semconv as sc
 from otel_llm._log import log_once
 from otel_llm.build import attributes as attr_build
 from otel_llm.build.metrics import CallMetrics
 from otel_llm.build.phases import Phase, compute_phases
+from otel_llm.build.spans import CallSpan, make_sink
 from otel_llm.capture.call import END_CANCELLED, END_ERROR, HEADERS, LlmCall
 from otel_llm.parse.request import parse_request
 from otel_llm.parse.response import ResponseInfo, parse_body, parse_events
 from otel_llm.parse.routes import match_route
 from otel_llm.version import __version__
-
-if TYPE_CHECKING:
-    from opentelemetry.sdk.trace import ReadableSpan
 
 _NS = 1e-9
 _INTERNAL_TIMINGS = frozenset({"duration", "time_per_chunk"})  # metric inputs, not attributes
@@ -57,7 +49,7 @@ class Telemetry:
             key=lambda item: -len(item[0]),
         )
         self._llm_routes = tuple(settings.llm_routes)
-        self._sdk = _sdk_parts(self.tracer)
+        self._sink = make_sink(self.tracer)
 
     # -- start ---------------------------------------------------------------------------------
     def start_call(self, request: Any) -> LlmCall | None:
@@ -75,11 +67,9 @@ class Telemetry:
         call = LlmCall(self, route, info, url, request.method, runtime)
         provider = attr_build.provider_name(runtime, url.host, route.api)
         attrs = attr_build.request_attributes(call, provider, self.settings.capture_content)
-        call.span = self.tracer.start_span(
-            attr_build.span_name(route.operation, info.model), kind=SpanKind.CLIENT,
-            attributes=attrs, start_time=call.epoch0,
-        )
-        propagate.inject(request.headers, context=trace.set_span_in_context(call.span))
+        call.span = span = self._sink.start(attr_build.span_name(route.operation, info.model), attrs, call.epoch0)
+        carrier = span.live if span.live is not None else trace.NonRecordingSpan(span.context)
+        propagate.inject(request.headers, context=trace.set_span_in_context(carrier))
         return call
 
     def _configured_runtime(self, url: str) -> str | None:
@@ -90,29 +80,23 @@ class Telemetry:
 
     # -- finish --------------------------------------------------------------------------------
     def emit(self, call: LlmCall) -> None:
-        """Build the call's attributes, phase spans and metrics, and end its span."""
-        span = call.span
+        """Build the call's attributes, phase spans and metrics, once."""
+        span: CallSpan = call.span
         scanner = call.scanner
         first_token = scanner.first_token_ns if scanner is not None else 0
         phases = compute_phases(call.marks, call.t0, call.t_end, call.streaming, first_token)
         response = self._parse_response(call)
-        attrs = self._end_attributes(call, response)
+        attrs = span.attributes
+        self._add_end_attributes(call, response, attrs)
         timings = client_timings(call, response)
         attrs.update({k: v for k, v in timings.items() if k not in _INTERNAL_TIMINGS})
         error_type = _error_type(call)
         if error_type:
             attrs[sc.ERROR_TYPE] = error_type
-        if span.is_recording():
-            span.set_attributes(attrs)
-            if error_type:
-                span.set_status(Status(StatusCode.ERROR, _error_message(call, response)))
-            self._emit_phases(call, phases, error_type)
-            span.end(end_time=call.to_epoch(call.t_end))
-        all_attrs = {**_span_attributes(span), **attrs}
+        error = _error_message(call, response) if error_type else None
+        self._sink.finish(call, span, error, phases, [_phase_attributes(call, p) for p in phases])
         try:
-            self.metrics.record(
-                all_attrs, timings, [(p.name, (p.end_ns - p.start_ns) * _NS) for p in phases]
-            )
+            self.metrics.record(attrs, timings, [(p.name, (p.end_ns - p.start_ns) * _NS) for p in phases])
         except Exception:
             log_once("recording model-call metrics failed")
 
@@ -127,71 +111,20 @@ class Telemetry:
             return parse_body(api, b"".join(call.body), headers, want_text=self.settings.capture_content)
         return None
 
-    def _end_attributes(self, call: LlmCall, response: ResponseInfo | None) -> dict[str, Any]:
-        attrs: dict[str, Any] = {}
+    def _add_end_attributes(self, call: LlmCall, response: ResponseInfo | None, attrs: dict[str, Any]) -> None:
         if call.status:
             attrs[sc.HTTP_RESPONSE_STATUS_CODE] = call.status
         if call.http_version:
             attrs[sc.NETWORK_PROTOCOL_VERSION] = call.http_version.rpartition("/")[2]
         attrs[sc.LLM_CLIENT_CONNECTION_REUSED] = not call.marks[0]
         attrs[sc.LLM_CLIENT_END_REASON] = call.end_reason
-        _peer(call, attrs)
+        if call.peer is not None:
+            attrs[sc.NETWORK_PEER_ADDRESS], attrs[sc.NETWORK_PEER_PORT] = call.peer
         if response is not None and response.runtime and not call.runtime:
             call.runtime = response.runtime
             attrs[sc.LLM_RUNTIME_NAME] = response.runtime
             attrs[sc.GEN_AI_PROVIDER_NAME] = response.runtime
         attr_build.response_attributes(response, attrs, self.settings.capture_content)
-        return attrs
-
-    def _emit_phases(self, call: LlmCall, phases: list[Phase], error_type: str | None) -> None:
-        parent = call.span.get_span_context()
-        if self._sdk is not None:
-            self._emit_readable(call, phases, parent, error_type)
-            return
-        context = trace.set_span_in_context(call.span)
-        for phase in phases:
-            child = self.tracer.start_span(
-                phase.name, context=context, kind=SpanKind.INTERNAL,
-                start_time=call.to_epoch(phase.start_ns), attributes=_phase_attributes(call, phase),
-            )
-            if not phase.complete and error_type:
-                child.set_status(Status(StatusCode.ERROR))
-            child.end(end_time=call.to_epoch(phase.end_ns))
-
-    def _emit_readable(self, call: LlmCall, phases: list[Phase], parent: Any, error_type: str | None) -> None:
-        from opentelemetry.sdk.trace import ReadableSpan
-
-        processor, id_generator, resource, scope = self._sdk
-        spans: list[ReadableSpan] = []
-        for phase in phases:
-            context = trace.SpanContext(
-                parent.trace_id, id_generator.generate_span_id(), False,
-                parent.trace_flags, parent.trace_state,
-            )
-            status = Status(StatusCode.ERROR) if (not phase.complete and error_type) else Status(StatusCode.UNSET)
-            spans.append(ReadableSpan(
-                name=phase.name, context=context, parent=parent, resource=resource,
-                attributes=_phase_attributes(call, phase), kind=SpanKind.INTERNAL,
-                status=status, start_time=call.to_epoch(phase.start_ns),
-                end_time=call.to_epoch(phase.end_ns), instrumentation_scope=scope,
-            ))
-        for readable in spans:
-            processor.on_end(readable)
-
-
-def _sdk_parts(tracer: Any) -> tuple[Any, Any, Any, Any] | None:
-    """The SDK tracer's processor, id generator, resource and scope; None for other tracers."""
-    try:
-        from opentelemetry.sdk.trace import Tracer as SdkTracer
-    except ImportError:
-        return None
-    if not isinstance(tracer, SdkTracer):
-        return None
-    return tracer.span_processor, tracer.id_generator, tracer.resource, tracer._instrumentation_scope
-
-
-def _span_attributes(span: Any) -> Mapping[str, Any]:
-    return getattr(span, "attributes", None) or {}
 
 
 def _phase_attributes(call: LlmCall, phase: Phase) -> dict[str, Any] | None:
@@ -220,11 +153,6 @@ def _tls_attributes(stream: Any) -> dict[str, Any]:
     except Exception:
         log_once("reading TLS details failed")
     return attrs
-
-
-def _peer(call: LlmCall, attrs: dict[str, Any]) -> None:
-    if call.peer is not None:
-        attrs[sc.NETWORK_PEER_ADDRESS], attrs[sc.NETWORK_PEER_PORT] = call.peer
 
 
 def client_timings(call: LlmCall, response: ResponseInfo | None) -> dict[str, Any]:

@@ -1,0 +1,141 @@
+"""Emit a finished call as a span tree: the CLIENT call span and its phase children.
+
+Two sinks, same result:
+
+* ``SdkSpanSink`` for the OpenTelemetry SDK's own tracer. The sampler is consulted when the call
+  starts (so ``traceparent`` carries the right ids and flags), and at the end the whole tree is
+  handed to the tracer's span processors as finished ``ReadableSpan`` objects. That skips the
+  SDK's per-span bookkeeping (locks, attribute re-validation of values we built ourselves), which
+  is what keeps a tree of up to eight spans cheaper than 1.5 generic HTTP spans. Processors see
+  ``on_end`` for these spans, not ``on_start``.
+* ``ApiSpanSink`` for any other tracer: ordinary spans with explicit start and end times.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping
+
+from opentelemetry import trace
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+if TYPE_CHECKING:
+    from otel_llm.build.phases import Phase
+    from otel_llm.capture.call import LlmCall
+
+PhaseAttributes = Mapping[str, Any] | None
+
+
+class CallSpan:
+    """The call span as seen before it is emitted: its context, and whether it records."""
+
+    __slots__ = ("context", "parent", "recording", "name", "attributes", "live")
+
+    def __init__(self, context: SpanContext, parent: SpanContext | None, recording: bool,
+                 name: str, attributes: dict[str, Any], live: Any = None) -> None:
+        self.context = context
+        self.parent = parent
+        self.recording = recording
+        self.name = name
+        self.attributes = attributes
+        self.live = live  # the API span, for ApiSpanSink
+
+
+class SdkSpanSink:
+    """Builds finished ``ReadableSpan`` trees for the SDK tracer's processors."""
+
+    def __init__(self, tracer: Any) -> None:
+        from opentelemetry.sdk.trace import ReadableSpan
+
+        self._tracer = tracer
+        self._readable = ReadableSpan
+        self._processor = tracer.span_processor
+        self._ids = tracer.id_generator
+        self._resource = tracer.resource
+        self._scope = tracer._instrumentation_scope  # noqa: SLF001 (no public accessor)
+
+    def start(self, name: str, attributes: dict[str, Any], start_time: int) -> CallSpan:
+        parent = trace.get_current_span().get_span_context()
+        if not parent.is_valid:
+            parent = None
+        trace_id = parent.trace_id if parent is not None else self._ids.generate_trace_id()
+        result = self._tracer.sampler.should_sample(
+            None, trace_id, name, SpanKind.CLIENT, attributes, ()
+        )
+        flags = TraceFlags(TraceFlags.SAMPLED if result.decision.is_sampled() else TraceFlags.DEFAULT)
+        context = SpanContext(trace_id, self._ids.generate_span_id(), False, flags, result.trace_state)
+        if result.attributes:
+            attributes = {**attributes, **result.attributes}
+        return CallSpan(context, parent, result.decision.is_recording(), name, attributes)
+
+    def finish(self, call: LlmCall, span: CallSpan, error: str | None,
+               phases: list[Phase], phase_attributes: list[PhaseAttributes]) -> None:
+        if not span.recording:
+            return
+        readable, context = self._readable, span.context
+        for phase, attributes in zip(phases, phase_attributes):
+            child = SpanContext(context.trace_id, self._ids.generate_span_id(), False,
+                                context.trace_flags, context.trace_state)
+            self._processor.on_end(readable(
+                name=phase.name, context=child, parent=context, resource=self._resource,
+                attributes=attributes, kind=SpanKind.INTERNAL, status=_phase_status(phase, error),
+                start_time=call.to_epoch(phase.start_ns), end_time=call.to_epoch(phase.end_ns),
+                instrumentation_scope=self._scope,
+            ))
+        self._processor.on_end(readable(
+            name=span.name, context=context, parent=span.parent, resource=self._resource,
+            attributes=span.attributes, kind=SpanKind.CLIENT, status=_call_status(error),
+            start_time=call.epoch0, end_time=call.to_epoch(call.t_end),
+            instrumentation_scope=self._scope,
+        ))
+
+
+class ApiSpanSink:
+    """Ordinary spans through the OpenTelemetry API, for tracers other than the SDK's."""
+
+    def __init__(self, tracer: Any) -> None:
+        self._tracer = tracer
+
+    def start(self, name: str, attributes: dict[str, Any], start_time: int) -> CallSpan:
+        live = self._tracer.start_span(name, kind=SpanKind.CLIENT, attributes=attributes, start_time=start_time)
+        return CallSpan(live.get_span_context(), None, live.is_recording(), name, attributes, live)
+
+    def finish(self, call: LlmCall, span: CallSpan, error: str | None,
+               phases: list[Phase], phase_attributes: list[PhaseAttributes]) -> None:
+        live = span.live
+        if not span.recording:
+            live.end()
+            return
+        live.set_attributes(span.attributes)
+        context = trace.set_span_in_context(live)
+        for phase, attributes in zip(phases, phase_attributes):
+            child = self._tracer.start_span(
+                phase.name, context=context, kind=SpanKind.INTERNAL,
+                start_time=call.to_epoch(phase.start_ns), attributes=attributes,
+            )
+            child.set_status(_phase_status(phase, error))
+            child.end(end_time=call.to_epoch(phase.end_ns))
+        live.set_status(_call_status(error))
+        live.end(end_time=call.to_epoch(call.t_end))
+
+
+_UNSET = Status(StatusCode.UNSET)
+_ERROR = Status(StatusCode.ERROR)
+
+
+def _phase_status(phase: Phase, error: str | None) -> Status:
+    return _ERROR if (error and not phase.complete) else _UNSET
+
+
+def _call_status(error: str | None) -> Status:
+    return Status(StatusCode.ERROR, error) if error else _UNSET
+
+
+def make_sink(tracer: Any) -> SdkSpanSink | ApiSpanSink:
+    """The cheap SDK sink when ``tracer`` is the SDK's own (and enabled), else the API sink."""
+    try:
+        from opentelemetry.sdk.trace import Tracer as SdkTracer
+    except ImportError:
+        return ApiSpanSink(tracer)
+    if type(tracer) is SdkTracer and getattr(tracer, "_is_enabled", lambda: True)():
+        return SdkSpanSink(tracer)
+    return ApiSpanSink(tracer)

@@ -1,0 +1,1 @@
+"""Parsers for model-API requests and responses: pure functions, no I/O."""
