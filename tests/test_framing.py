@@ -128,3 +128,15 @@ def test_random_bytes_and_splits_never_raise(data: bytes, cuts: list[int]) -> No
     scanner.first_event()
     scanner.last_events()
     assert scanner.bytes == len(data)
+
+
+def test_stream_text_joins_deltas_per_api() -> None:
+    from otel_llm.parse.content import stream_text
+
+    data = b"".join(_openai_stream(3))
+    assert stream_text(routes.API_OPENAI_CHAT, data, ndjson=False) == "tok0 tok1 tok2 "
+    sglang = b"".join(_sse({"text": t, "meta_info": {}}) for t in ("a", "ab", "abc")) + b"data: [DONE]\n\n"
+    assert stream_text(routes.API_TGI_GENERATE, sglang, ndjson=False) == "abc"
+    ollama_lines = b"".join(json.dumps({"response": t, "done": False}).encode() + b"\n" for t in ("x", "y"))
+    assert stream_text(routes.API_OLLAMA_GENERATE, ollama_lines, ndjson=True) == "xy"
+    assert stream_text(routes.API_OPENAI_CHAT, b"data: {broken\n\n", ndjson=False) is None

@@ -19,6 +19,8 @@ from otel_llm.build.metrics import CallMetrics
 from otel_llm.build.phases import Phase, compute_phases
 from otel_llm.build.spans import CallSpan, make_sink
 from otel_llm.capture.call import END_CANCELLED, END_ERROR, HEADERS, LlmCall
+from otel_llm.parse.content import stream_text
+from otel_llm.parse.formats import NDJSON
 from otel_llm.parse.request import parse_request
 from otel_llm.parse.response import ResponseInfo, parse_body, parse_events
 from otel_llm.parse.routes import match_route
@@ -106,7 +108,10 @@ class Telemetry:
         if call.scanner is not None:
             first = call.scanner.first_event()
             events = ([first] if first else []) + call.scanner.last_events()
-            return parse_events(api, events, headers)
+            info = parse_events(api, events, headers)
+            if call.captured is not None:
+                info.output_text = stream_text(api, bytes(call.captured), call.scanner.fmt.framing == NDJSON)
+            return info
         if call.body and not call.body_overflow and call.end_reason != END_CANCELLED:
             return parse_body(api, b"".join(call.body), headers, want_text=self.settings.capture_content)
         return None

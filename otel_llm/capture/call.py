@@ -12,6 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from otel_llm._log import log_once
+from otel_llm.parse.content import CAPTURE_BYTES
 from otel_llm.parse.formats import is_stream_content_type, stream_format
 from otel_llm.parse.framing import BODY_LIMIT, StreamScanner
 
@@ -68,7 +69,7 @@ class LlmCall:
         "telemetry", "route", "request_info", "url", "method", "runtime", "span",
         "t0", "epoch0", "t_end", "marks", "tls_stream", "peer", "http_version",
         "status", "response_headers", "content_type", "scanner", "times", "chunks", "pending",
-        "body", "body_overflow", "end_reason", "exception", "_lock", "_done", "__weakref__",
+        "body", "body_overflow", "captured", "end_reason", "exception", "_lock", "_done", "__weakref__",
     )
 
     def __init__(
@@ -98,6 +99,7 @@ class LlmCall:
         self.pending = 0
         self.body: list[bytes] = []
         self.body_overflow = False
+        self.captured: bytearray | None = None  # stream bytes kept for opt-in content capture
         self.end_reason = ""
         self.exception: BaseException | None = None
         self._lock = threading.Lock()
@@ -135,12 +137,16 @@ class LlmCall:
         self.content_type = self.response_headers.get("content-type", "").lower()
         if is_stream_content_type(self.content_type):
             self.scanner = StreamScanner(stream_format(self.route.api, self.content_type))
+            if self.telemetry.settings.capture_content:
+                self.captured = bytearray()
 
     def fold(self) -> None:
         """Move the recorded chunks into the scanner (or the bounded body buffer)."""
         try:
             if self.scanner is not None:
                 self.scanner.fold(self.times, self.chunks)
+                if self.captured is not None and len(self.captured) < CAPTURE_BYTES:
+                    self.captured += b"".join(self.chunks)[: CAPTURE_BYTES - len(self.captured)]
             elif not self.body_overflow:
                 self.body.extend(self.chunks)
                 if sum(map(len, self.body)) > BODY_LIMIT:

@@ -1,0 +1,1 @@
+"""Wire formats of the simulated runtimes, one module per family."""
