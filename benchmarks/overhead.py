@@ -8,9 +8,10 @@ are alternated in rounds (none, official httpx instrumentation, otel_llm, rotate
 the same no-op exporter and record metrics into an SDK MeterProvider.
 
 Per call: non-streamed chat calls. Per chunk: the slope between streamed calls of 16 and of
-256 tokens, so per-call costs cancel out.
+1024 tokens, divided by the difference in network chunks actually received, so per-call costs
+cancel out.
 
-    python benchmarks/overhead.py [--rounds 7] [--calls 300] [--streams 20]
+    python benchmarks/overhead.py [--rounds 7] [--calls 300] [--streams 40]
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 import otel_llm
 from otel_llm.sim import SimProcess
 
-SHORT, LONG = 16, 256
+SHORT, LONG = 16, 1024
+CHUNKS: dict[int, list[int]] = {SHORT: [], LONG: []}  # network chunks received per streamed call
 CONFIGS = ("none", "httpx-official", "otel_llm")
 
 
@@ -85,9 +87,11 @@ def streamed(tokens: int) -> Callable[[httpx.Client, str], None]:
     def run(client: httpx.Client, url: str) -> None:
         body = {"model": "m", "stream": True, "max_tokens": tokens,
                 "messages": [{"role": "user", "content": "hi"}]}
+        chunks = 0
         with client.stream("POST", url, json=body) as response:
-            for _ in response.iter_bytes():
-                pass
+            for _ in response.iter_raw():
+                chunks += 1
+        CHUNKS[tokens].append(chunks)
     return run
 
 
@@ -129,8 +133,11 @@ def report(results: dict[str, dict[str, list[float]]]) -> None:
     print(f"baseline CPU per non-streamed call (no instrumentation): {base['call'] * 1e6:.1f} us")
     print(f"{'configuration':16s} {'added per call':>16s} {'added per chunk':>16s}")
     per_chunk = {}
+    chunk_delta = statistics.mean(CHUNKS[LONG]) - statistics.mean(CHUNKS[SHORT])
+    print(f"network chunks per streamed call: {statistics.mean(CHUNKS[SHORT]):.0f} ({SHORT} tokens), "
+          f"{statistics.mean(CHUNKS[LONG]):.0f} ({LONG} tokens)")
     for name, values in added.items():
-        per_chunk[name] = (values["long"] - values["short"]) / (LONG - SHORT)
+        per_chunk[name] = (values["long"] - values["short"]) / chunk_delta
         print(f"{name:16s} {values['call'] * 1e6:13.1f} us {per_chunk[name] * 1e6:13.2f} us")
     reference = added["httpx-official"]["call"]
     ratio = added["otel_llm"]["call"] / reference if reference > 0 else float("inf")
@@ -142,9 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--calls", type=int, default=300)
-    parser.add_argument("--streams", type=int, default=20)
+    parser.add_argument("--streams", type=int, default=40)
     args = parser.parse_args(argv)
-    with SimProcess(headers_delay=0.0, first_token_delay=0.0, token_interval=0.0, role_frame=True) as sim:
+    with SimProcess(headers_delay=0.0, first_token_delay=0.0, token_interval=0.0, tokens=LONG) as sim:
         url = f"{sim.base_url}/v1/chat/completions"
         results = measure(url, args.rounds, args.calls, args.streams)
     report(results)

@@ -18,7 +18,7 @@ from otel_llm.build import attributes as attr_build
 from otel_llm.build.metrics import CallMetrics
 from otel_llm.build.phases import Phase, compute_phases
 from otel_llm.build.spans import CallSpan, make_sink
-from otel_llm.capture.call import END_CANCELLED, END_ERROR, HEADERS, LlmCall
+from otel_llm.capture.call import CONNECT_START, END_CANCELLED, END_ERROR, HEADERS, UPLOAD_START, LlmCall
 from otel_llm.parse.content import stream_text
 from otel_llm.parse.formats import NDJSON
 from otel_llm.parse.request import parse_request
@@ -121,7 +121,8 @@ class Telemetry:
             attrs[sc.HTTP_RESPONSE_STATUS_CODE] = call.status
         if call.http_version:
             attrs[sc.NETWORK_PROTOCOL_VERSION] = call.http_version.rpartition("/")[2]
-        attrs[sc.LLM_CLIENT_CONNECTION_REUSED] = not call.marks[0]
+        if call.marks[UPLOAD_START] or call.marks[CONNECT_START]:  # known only once sending began
+            attrs[sc.LLM_CLIENT_CONNECTION_REUSED] = not call.marks[CONNECT_START]
         attrs[sc.LLM_CLIENT_END_REASON] = call.end_reason
         if call.peer is not None:
             attrs[sc.NETWORK_PEER_ADDRESS], attrs[sc.NETWORK_PEER_PORT] = call.peer
