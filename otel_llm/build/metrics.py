@@ -28,31 +28,22 @@ class CallMetrics:
 
     def __init__(self, meter_provider: MeterProvider) -> None:
         meter = meter_provider.get_meter(sc.INSTRUMENTATION_NAME, __version__)
-        self.duration = meter.create_histogram(
-            sc.METRIC_OPERATION_DURATION, unit="s",
-            description="GenAI operation duration.",
-            explicit_bucket_boundaries_advisory=list(sc.DURATION_BUCKETS),
-        )
-        self.tokens = meter.create_histogram(
-            sc.METRIC_TOKEN_USAGE, unit="{token}",
-            description="Number of input and output tokens used.",
-            explicit_bucket_boundaries_advisory=list(sc.TOKEN_BUCKETS),
-        )
-        self.first_chunk = meter.create_histogram(
-            sc.METRIC_TIME_TO_FIRST_CHUNK, unit="s",
-            description="Time to receive the first chunk carrying generated output.",
-            explicit_bucket_boundaries_advisory=list(sc.DURATION_BUCKETS),
-        )
-        self.per_chunk = meter.create_histogram(
-            sc.METRIC_TIME_PER_OUTPUT_CHUNK, unit="s",
-            description="Time between consecutive output chunks after the first.",
-            explicit_bucket_boundaries_advisory=list(sc.DURATION_BUCKETS),
-        )
-        self.phase = meter.create_histogram(
-            sc.METRIC_PHASE_DURATION, unit="s",
-            description="Duration of each phase of a model call (llm.phase = the phase span's name).",
-            explicit_bucket_boundaries_advisory=list(sc.PHASE_BUCKETS),
-        )
+
+        def histogram(name: str, unit: str, description: str, buckets: tuple[float, ...]) -> Any:
+            return meter.create_histogram(name, unit=unit, description=description,
+                                          explicit_bucket_boundaries_advisory=list(buckets))
+
+        self.duration = histogram(sc.METRIC_OPERATION_DURATION, "s", "GenAI operation duration.",
+                                  sc.DURATION_BUCKETS)
+        self.tokens = histogram(sc.METRIC_TOKEN_USAGE, "{token}", "Number of input and output tokens used.",
+                                sc.TOKEN_BUCKETS)
+        self.first_chunk = histogram(sc.METRIC_TIME_TO_FIRST_CHUNK, "s",
+                                     "Time to receive the first chunk carrying generated output.", sc.DURATION_BUCKETS)
+        self.per_chunk = histogram(sc.METRIC_TIME_PER_OUTPUT_CHUNK, "s",
+                                   "Mean time between output chunks after the first, per call.", sc.DURATION_BUCKETS)
+        self.phase = histogram(sc.METRIC_PHASE_DURATION, "s",
+                               "Duration of each phase of a model call (llm.phase = the phase span's name).",
+                               sc.PHASE_BUCKETS)
 
     def record(self, span_attrs: dict[str, Any], timings: dict[str, Any], phases: list[tuple[str, float]]) -> None:
         """Record one finished call; ``timings`` holds the llm.client.* values."""

@@ -46,20 +46,31 @@ def _chain_async(call: LlmCall, previous: Any) -> Callable[..., Any]:
     return trace
 
 
-def _begin(telemetry: Telemetry, request: Any, is_async: bool) -> LlmCall | None:
-    """Start a call if ``request`` is a model call, else None."""
-    call = telemetry.start_call(request)
-    if call is None:
+def _begin(get_telemetry: TelemetryGetter, args: Any, kwargs: Any, is_async: bool) -> LlmCall | None:
+    """Start a call if the request is a model call, else None; never raises."""
+    telemetry = get_telemetry()
+    if telemetry is None:
         return None
-    previous = request.extensions.get("trace")
-    chain = _chain_async if is_async else _chain_sync
-    request.extensions = {**request.extensions, "trace": chain(call, previous)}
-    return call
+    try:
+        request = args[0] if args else kwargs.get("request")
+        call = telemetry.start_call(request)
+        if call is None:
+            return None
+        previous = request.extensions.get("trace")
+        chain = _chain_async if is_async else _chain_sync
+        request.extensions = {**request.extensions, "trace": chain(call, previous)}
+        return call
+    except Exception:
+        log_once("starting a model-call trace failed")
+        return None
 
 
 def _attach_response(call: LlmCall, response: Any, stream_class: type) -> None:
-    call.on_response(response.status_code, response.headers)
-    response.stream = stream_class(response.stream, call)
+    try:
+        call.on_response(response.status_code, response.headers)
+        response.stream = stream_class(response.stream, call)
+    except Exception:
+        log_once("wrapping a model-call response failed")
 
 
 def sync_send_wrapper(get_telemetry: TelemetryGetter, httpx_module: ModuleType) -> Callable[..., Any]:
@@ -67,15 +78,7 @@ def sync_send_wrapper(get_telemetry: TelemetryGetter, httpx_module: ModuleType) 
     stream_class, _ = make_stream_classes(httpx_module)
 
     def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        telemetry = get_telemetry()
-        if telemetry is None:
-            return wrapped(*args, **kwargs)
-        request = args[0] if args else kwargs.get("request")
-        try:
-            call = _begin(telemetry, request, is_async=False)
-        except Exception:
-            log_once("starting a model-call trace failed")
-            call = None
+        call = _begin(get_telemetry, args, kwargs, is_async=False)
         if call is None:
             return wrapped(*args, **kwargs)
         token = CURRENT_CALL.set(call)
@@ -86,10 +89,7 @@ def sync_send_wrapper(get_telemetry: TelemetryGetter, httpx_module: ModuleType) 
             raise
         finally:
             CURRENT_CALL.reset(token)
-        try:
-            _attach_response(call, response, stream_class)
-        except Exception:
-            log_once("wrapping a model-call response failed")
+        _attach_response(call, response, stream_class)
         return response
 
     return wrapper
@@ -100,15 +100,7 @@ def async_send_wrapper(get_telemetry: TelemetryGetter, httpx_module: ModuleType)
     _, stream_class = make_stream_classes(httpx_module)
 
     async def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        telemetry = get_telemetry()
-        if telemetry is None:
-            return await wrapped(*args, **kwargs)
-        request = args[0] if args else kwargs.get("request")
-        try:
-            call = _begin(telemetry, request, is_async=True)
-        except Exception:
-            log_once("starting a model-call trace failed")
-            call = None
+        call = _begin(get_telemetry, args, kwargs, is_async=True)
         if call is None:
             return await wrapped(*args, **kwargs)
         token = CURRENT_CALL.set(call)
@@ -119,10 +111,7 @@ def async_send_wrapper(get_telemetry: TelemetryGetter, httpx_module: ModuleType)
             raise
         finally:
             CURRENT_CALL.reset(token)
-        try:
-            _attach_response(call, response, stream_class)
-        except Exception:
-            log_once("wrapping a model-call response failed")
+        _attach_response(call, response, stream_class)
         return response
 
     return wrapper
