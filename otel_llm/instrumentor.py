@@ -6,11 +6,11 @@ picks it up; ``otel_llm.instrument()`` is the one-line way to call it.
 
 from __future__ import annotations
 
+import atexit
 import importlib
-from typing import Any, Collection
+from typing import Any, Collection, Iterator
 
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
-from opentelemetry.instrumentation.utils import unwrap
 from wrapt import wrap_function_wrapper
 
 from otel_llm._log import logger
@@ -28,6 +28,41 @@ _telemetry: Telemetry | None = None
 
 def current_telemetry() -> Telemetry | None:
     return _telemetry
+
+
+def _at_exit() -> None:
+    telemetry = _telemetry
+    if telemetry is not None:
+        telemetry.finish_live_calls()
+    providers = OtelLlmInstrumentor()._providers
+    if providers is not None:
+        providers.shutdown()
+
+
+def _is_ours(layer: Any) -> bool:
+    return bool(getattr(getattr(layer, "_self_wrapper", None), "_otel_llm_hook", False))
+
+
+def _layers(owner: Any, method: str) -> Iterator[Any]:
+    """The wrapt layers on ``owner.method``, outermost first."""
+    layer = owner.__dict__.get(method)
+    while layer is not None and hasattr(layer, "_self_wrapper"):
+        yield layer
+        layer = getattr(layer, "__wrapped__", None)
+
+
+def _remove_layer(owner: Any, method: str) -> None:
+    """Take otel_llm's wrapper out of ``owner.method``, leaving layers added after it in place
+    (e.g. opentelemetry-instrumentation-httpx when both were loaded by opentelemetry-instrument)."""
+    above: Any = None
+    for layer in _layers(owner, method):
+        if _is_ours(layer):
+            if above is None:
+                setattr(owner, method, layer.__wrapped__)
+            else:
+                above.__wrapped__ = layer.__wrapped__
+            return
+        above = layer
 
 
 class OtelLlmInstrumentor(BaseInstrumentor):  # type: ignore[misc]
@@ -49,6 +84,9 @@ class OtelLlmInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         self._patched = []
         for client_name, core_name in _CLIENT_LIBRARIES:
             self._patch_library(client_name, core_name)
+        # Registered after the providers exist: atexit runs handlers last-in first-out, so open
+        # calls are finished before any provider (ours or the application's) shuts down.
+        atexit.register(_at_exit)
         logger.debug("otel_llm: instrumented (%s)", providers.description)
 
     def _patch_library(self, client_name: str, core_name: str) -> None:
@@ -68,13 +106,15 @@ class OtelLlmInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             owner = getattr(module, owner_name, None)
             if owner is None:
                 continue
-            wrap_function_wrapper(module, name, wrapper)
             self._patched.append((owner, method))
+            wrapper._otel_llm_hook = True  # type: ignore[attr-defined]
+            wrap_function_wrapper(module, name, wrapper)
 
     def _uninstrument(self, **kwargs: Any) -> None:
         global _telemetry
+        atexit.unregister(_at_exit)
         for owner, method in self._patched:
-            unwrap(owner, method)
+            _remove_layer(owner, method)
         self._patched = []
         _telemetry = None
         if self._providers is not None:

@@ -5,6 +5,7 @@ timeline, the span tree (see ``spans``) and the metrics.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -18,7 +19,7 @@ from otel_llm.build import attributes as attr_build
 from otel_llm.build.metrics import CallMetrics
 from otel_llm.build.phases import Phase, compute_phases
 from otel_llm.build.spans import CallSpan, make_sink
-from otel_llm.capture.call import CONNECT_START, END_CANCELLED, END_ERROR, HEADERS, UPLOAD_START, LlmCall
+from otel_llm.capture.call import CONNECT_START, END_CANCELLED, END_ERROR, END_EXIT, HEADERS, UPLOAD_START, LlmCall
 from otel_llm.parse.content import stream_text
 from otel_llm.parse.formats import NDJSON
 from otel_llm.parse.request import parse_request
@@ -52,6 +53,7 @@ class Telemetry:
         )
         self._llm_routes = tuple(settings.llm_routes)
         self._sink = make_sink(self.tracer)
+        self.live: weakref.WeakSet[LlmCall] = weakref.WeakSet()  # calls not finished yet
 
     # -- start ---------------------------------------------------------------------------------
     def start_call(self, request: Any) -> LlmCall | None:
@@ -67,12 +69,18 @@ class Telemetry:
         url = request.url
         runtime = self._configured_runtime(str(url)) or route.runtime
         call = LlmCall(self, route, info, url, request.method, runtime)
+        self.live.add(call)
         provider = attr_build.provider_name(runtime, url.host, route.api)
         attrs = attr_build.request_attributes(call, provider, self.settings.capture_content)
         call.span = span = self._sink.start(attr_build.span_name(route.operation, info.model), attrs, call.epoch0)
         carrier = span.live if span.live is not None else trace.NonRecordingSpan(span.context)
         propagate.inject(request.headers, context=trace.set_span_in_context(carrier))
         return call
+
+    def finish_live_calls(self) -> None:
+        """End the calls still open (at process exit), so their spans are exported too."""
+        for call in list(self.live):
+            call.finish(END_EXIT)
 
     def _configured_runtime(self, url: str) -> str | None:
         for base, name in self._runtimes:

@@ -51,6 +51,7 @@ END_CLOSED = "closed"
 END_CANCELLED = "cancelled"
 END_ERROR = "error"
 END_GC = "garbage_collected"
+END_EXIT = "process_exit"
 
 
 def _peer_address(stream: Any) -> tuple[str, int] | None:
@@ -172,6 +173,7 @@ class LlmCall:
             self.exception = exc
             if self.chunks:
                 self.fold()
+            self.telemetry.live.discard(self)
             self.telemetry.emit(self)
         except Exception:
             log_once("finishing a model call failed")

@@ -196,7 +196,8 @@ class JsonLinesSpanExporter(SpanExporter):
     """Append each batch of spans to ``path`` as one OTLP/JSON line."""
 
     def __init__(self, path: str | os.PathLike[str] = DEFAULT_TRACES_FILE) -> None:
-        self.path = os.fspath(path)
+        # Resolved now: an application that changes directory later must not scatter its spans.
+        self.path = os.path.abspath(os.fspath(path))
         self._lock = threading.Lock()
         self._shutdown = False
         # Warn once per run of failures: a full disk must not flood the log on every batch.

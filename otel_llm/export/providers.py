@@ -107,7 +107,8 @@ def build_providers(options: Options) -> Providers:
         span_exporter, metric_exporter = _otlp_exporters(options, protocol)
         result.description = f"OTLP {protocol} to {endpoint}"
     if tracer_provider is None:
-        tracer_provider = TracerProvider(resource=resource)
+        # otel_llm shuts its own providers down at exit, after finishing calls still open.
+        tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
         if span_exporter is not None:
             tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
         else:
@@ -116,7 +117,7 @@ def build_providers(options: Options) -> Providers:
         result.owned.append(tracer_provider)
     if meter_provider is None:
         readers = [PeriodicExportingMetricReader(metric_exporter)] if metric_exporter is not None else []
-        meter_provider = MeterProvider(resource=resource, metric_readers=readers)
+        meter_provider = MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False)
         result.owned.append(meter_provider)
     result.tracer_provider, result.meter_provider = tracer_provider, meter_provider
     return result

@@ -9,8 +9,8 @@ import logging
 import signal
 import sys
 
-from .config import SimConfig
-from .server import running
+from .config import CONCURRENCY_MODES, FIELD_HELP, RUNTIMES, SimConfig
+from .server import run_precise, running
 
 __all__ = ["add_arguments", "config_from_args", "run"]
 
@@ -21,13 +21,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=0, help="bind port; 0 picks a free one (default 0)")
     parser.add_argument("--log-level", default="warning", help="python logging level (default warning)")
     group = parser.add_argument_group("simulated runtime (see otel_llm.sim docs)")
+    choices = {"runtime": RUNTIMES, "concurrency": CONCURRENCY_MODES}
     for field in dataclasses.fields(SimConfig):
         flag = "--" + field.name.replace("_", "-")
-        help_text = f"default {field.default!r}"
+        help_text = f"{FIELD_HELP[field.name]} (default {field.default!r})"
         if field.type == "bool":
-            group.add_argument(flag, dest=field.name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+            action = argparse.BooleanOptionalAction
+            group.add_argument(flag, dest=field.name, action=action, default=None, help=help_text)
         else:
-            group.add_argument(flag, dest=field.name, default=None, metavar=field.name.upper(), help=help_text)
+            metavar = "SECONDS" if field.type == "float" else "NAME" if field.type == "str" else "N"
+            options = {"choices": choices[field.name]} if field.name in choices else {"metavar": metavar}
+            group.add_argument(flag, dest=field.name, default=None, help=help_text, **options)
 
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:
@@ -44,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     logging.basicConfig(level=str(args.log_level).upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        asyncio.run(_serve(config, args.host, args.port))
+        run_precise(_serve(config, args.host, args.port))
     except KeyboardInterrupt:
         pass
     return 0

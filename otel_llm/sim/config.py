@@ -7,11 +7,30 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CONCURRENCY_MODES", "HEADER_PREFIX", "RUNTIMES", "SimConfig"]
+__all__ = ["CONCURRENCY_MODES", "FIELD_HELP", "HEADER_PREFIX", "RUNTIMES", "SimConfig"]
 
 RUNTIMES = ("vllm", "llama.cpp", "ollama", "tgi", "sglang", "lmstudio", "openai")
 CONCURRENCY_MODES = ("parallel", "serialized")
 HEADER_PREFIX = "x-sim-"
+
+FIELD_HELP = {
+    "headers_delay": "seconds from request body received to response headers (server wait)",
+    "first_token_delay": "seconds from headers to the first generated-token frame",
+    "token_interval": "seconds between generated-token frames",
+    "tokens": "generated tokens per answer (request max_tokens & co. cap it)",
+    "cold_delay": "extra seconds before headers on the first request after start or unload",
+    "role_frame": "send the runtime's role/metadata frames right after the headers",
+    "keepalive_interval": "seconds between keep-alive frames while waiting for the first token; 0 = off",
+    "concurrency": "parallel, or serialized (one generation at a time, the rest queue before headers)",
+    "buffering": "hold frames and release them in bursts, like a buffering proxy",
+    "buffer_flush_interval": "with buffering: release held frames every N seconds; 0 = off",
+    "buffer_flush_frames": "with buffering: release held frames every N frames; 0 = off",
+    "abort_after_tokens": "close the connection after N token frames; off = never",
+    "error_status": "answer every generation with this HTTP status and the runtime's error JSON; off = never",
+    "runtime": "flavour of the OpenAI-compatible routes and of /generate: " + ", ".join(RUNTIMES),
+    "model": "model name listed and used when a request names none",
+    "cached_tokens": "prompt tokens reported as served from the prefix cache",
+}
 
 _OFF = ("", "off", "none", "null", "false")
 _TRUE = ("1", "true", "yes", "on")
@@ -20,7 +39,7 @@ _FALSE = ("0", "false", "no", "off")
 
 @dataclass(frozen=True)
 class SimConfig:
-    """Injected timings (seconds) and behaviour of the simulated runtime."""
+    """Injected timings (seconds) and behaviour of the simulated runtime; see ``FIELD_HELP``."""
 
     headers_delay: float = 0.0
     first_token_delay: float = 0.05

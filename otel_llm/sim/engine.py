@@ -130,10 +130,13 @@ async def generate(state: SimState, responder: Responder, wire: Wire) -> None:
 
 async def _drive(cfg: SimConfig, tl: Timeline, sink: _StreamSink | _UnarySink) -> bool:
     """Run the timeline; False when the response was aborted on purpose."""
-    await _sleep_until(tl.start + cfg.headers_delay)
+    # Every deadline derives from the plan, not from when the previous step really ran,
+    # so one late wake-up never shifts the events after it.
+    headers_at = tl.start + cfg.headers_delay
+    first_at = headers_at + cfg.first_token_delay
+    await _sleep_until(headers_at)
     tl.headers = _now()
     await sink.open()
-    first_at = tl.headers + cfg.first_token_delay
     await sink.keepalive_until(first_at)
     limit = cfg.abort_after_tokens
     if limit == 0 or tl.tokens == 0:

@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 
-__all__ = ["BadRequest", "ClientGone", "Request", "Responder", "ChunkedStream", "read_request"]
+__all__ = [
+    "BadRequest", "BufferPolicy", "ChunkedStream", "ClientGone", "Request", "Responder", "read_request", "set_nodelay",
+]
 
 log = logging.getLogger("otel_llm.sim")
-
-_MAX_HEAD = 64 * 1024
 
 
 class ClientGone(Exception):
@@ -92,7 +92,10 @@ async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str]) -> b
 
 
 def _head(status: int, headers: dict[str, str]) -> bytes:
-    reason = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "Status"
+    try:
+        reason = HTTPStatus(status).phrase
+    except ValueError:  # an unusual injected error_status
+        reason = "Status"
     lines = [f"HTTP/1.1 {status} {reason}"] + [f"{name}: {value}" for name, value in headers.items()]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
@@ -115,7 +118,7 @@ class Responder:
         self.writer.write(data)
         try:
             await self.writer.drain()
-        except (ConnectionError, RuntimeError) as exc:
+        except ConnectionError as exc:
             raise ClientGone() from exc
 
     async def send(self, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
@@ -129,7 +132,9 @@ class Responder:
         body = json.dumps(obj, separators=(",", ":")).encode()
         await self.send(status, body, "application/json", headers)
 
-    async def start_stream(self, status: int, content_type: str, headers: dict[str, str], buffer: BufferPolicy | None) -> ChunkedStream:
+    async def start_stream(
+        self, status: int, content_type: str, headers: dict[str, str], buffer: BufferPolicy | None
+    ) -> ChunkedStream:
         all_headers = {**self._base_headers(), "Content-Type": content_type, "Transfer-Encoding": "chunked"}
         all_headers.update(headers)
         self.started = True
@@ -137,7 +142,7 @@ class Responder:
         return ChunkedStream(self, buffer)
 
     def abort(self) -> None:
-        """Drop the connection without finishing the response (server crash mid-answer)."""
+        """Close (FIN) without finishing the response, like a runtime worker that died mid-answer."""
         self.keep_alive = False
         self.writer.transport.close()
 

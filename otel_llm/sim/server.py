@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import selectors
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from .config import SimConfig
 from .control import SimControl
@@ -15,9 +16,24 @@ from .engine import SimState
 from .httpio import BadRequest, ClientGone, Responder, read_request, set_nodelay
 from .routes import dispatch
 
-__all__ = ["SimApp", "SimServer", "running"]
+__all__ = ["SimApp", "SimServer", "run_precise", "running"]
 
 log = logging.getLogger("otel_llm.sim")
+_T = TypeVar("_T")
+
+
+def run_precise(main: Coroutine[Any, Any, _T]) -> _T:
+    """Like asyncio.run, on a select()-based loop.
+
+    epoll/poll take millisecond timeouts, so every asyncio.sleep there wakes up to 1 ms late;
+    select() takes microseconds. Its 1024-descriptor limit is no concern for a test server.
+    """
+    loop = asyncio.SelectorEventLoop(selectors.SelectSelector())
+    try:
+        return loop.run_until_complete(main)
+    finally:
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
 
 
 class SimApp:
@@ -92,7 +108,9 @@ async def running(config: SimConfig, host: str = "127.0.0.1", port: int = 0) -> 
 class SimServer(SimControl):
     """The simulator in a background thread with its own event loop; use as a context manager."""
 
-    def __init__(self, config: SimConfig | None = None, host: str = "127.0.0.1", port: int = 0, **overrides: Any) -> None:
+    def __init__(
+        self, config: SimConfig | None = None, host: str = "127.0.0.1", port: int = 0, **overrides: Any
+    ) -> None:
         self.config = (config or SimConfig()).merged(overrides)
         self.host = host
         self.port = port
@@ -124,7 +142,7 @@ class SimServer(SimControl):
 
     def _run(self) -> None:
         try:
-            asyncio.run(self._main())
+            run_precise(self._main())
         except BaseException as exc:  # surfaced to start()
             self._error = exc
             self._ready.set()

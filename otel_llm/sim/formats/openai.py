@@ -88,7 +88,9 @@ class ChunkWire(Wire):
 
     # frames --------------------------------------------------------------------------------
     def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-        chunk: dict[str, Any] = {"id": self.id, "object": self.object_name, "created": self.created, "model": self.model}
+        chunk: dict[str, Any] = {
+            "id": self.id, "object": self.object_name, "created": self.created, "model": self.model,
+        }
         if self.flavour.fingerprint:
             chunk["system_fingerprint"] = self.flavour.fingerprint
         chunk["choices"] = choices
@@ -235,12 +237,12 @@ class ResponsesWire(Wire):
         }
 
     def opening(self) -> list[bytes]:
-        where = {"output_index": 0}
+        part = {"item_id": self.item_id, "output_index": 0, "content_index": 0, "part": self._part("")}
         return [
             self._event("response.created", response=self._response(False)),
             self._event("response.in_progress", response=self._response(False)),
-            self._event("response.output_item.added", item=self._item(False), **where),
-            self._event("response.content_part.added", item_id=self.item_id, content_index=0, part=self._part(""), **where),
+            self._event("response.output_item.added", output_index=0, item=self._item(False)),
+            self._event("response.content_part.added", **part),
         ]
 
     def token(self, index: int) -> list[bytes]:

@@ -1,0 +1,210 @@
+"""RuntimeCounters and the value checks shared by the runtime adapters.
+
+Every reader here returns None for a missing or unusable value and never raises; a value
+that is present but unusable is dropped with one ``logging.debug`` line.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger("otel_llm.parse.runtimes")
+
+MAX_SECONDS = 1e7          # ~116 days: anything longer is garbage
+MAX_TOKENS = 10**9
+MAX_RATE = 1e9             # tokens per second
+_MAX_NUMBER_CHARS = 40
+MISSING: Any = object()    # a key that is absent (not logged) as opposed to null (logged)
+
+# Finish reasons of APIs any runtime may serve (Anthropic Messages, OpenAI Responses).
+COMMON_REASONS: dict[str, str] = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "max_tokens": "length",
+    "tool_use": "tool_calls",
+    "max_output_tokens": "length",
+}
+
+
+@dataclass(slots=True)
+class RuntimeCounters:
+    """A runtime's own account of one request, normalized: seconds, tokens, tokens/s.
+    None = not reported (never invent a zero)."""
+
+    runtime: str | None = None
+    load_duration: float | None = None
+    queue_duration: float | None = None
+    validation_duration: float | None = None
+    prompt_tokens: int | None = None
+    prompt_eval_duration: float | None = None
+    prompt_eval_rate: float | None = None
+    cached_tokens: int | None = None
+    generation_tokens: int | None = None
+    generation_duration: float | None = None
+    generation_rate: float | None = None
+    time_to_first_token: float | None = None
+    time_per_output_token: float | None = None
+    total_duration: float | None = None
+    inference_duration: float | None = None
+    draft_tokens: int | None = None
+    draft_tokens_accepted: int | None = None
+    finish_reasons: list[str] | None = None
+    truncated: bool | None = None
+
+
+# --- raw access -----------------------------------------------------------------------------
+
+
+def as_dict(v: object) -> dict:
+    """``v`` if it is a dict, else an empty dict."""
+    return v if isinstance(v, dict) else {}
+
+
+def native_of(info: object) -> dict:
+    """``info.native`` when it is a dict."""
+    return as_dict(getattr(info, "native", None))
+
+
+def get(d: Mapping, key: str) -> Any:
+    """``d[key]``, or MISSING when absent."""
+    try:
+        return d.get(key, MISSING)
+    except Exception:  # noqa: BLE001 - odd mappings
+        return MISSING
+
+
+def drop(name: str, value: object, why: str) -> None:
+    """Log one dropped value; always returns None."""
+    log.debug("otel_llm: runtime counter %s=%.80r dropped (%s)", name, value, why)
+
+
+# --- numbers --------------------------------------------------------------------------------
+
+
+def _number(v: object) -> int | float | None:
+    """An int or float from a JSON number or a numeric ASCII string; bools are not numbers."""
+    if v.__class__ is int or v.__class__ is float:
+        return v  # type: ignore[return-value]
+    if isinstance(v, (bytes, bytearray)):
+        v = bytes(v).decode("latin-1")
+    if not isinstance(v, str) or not v.isascii() or not 0 < len(v) <= _MAX_NUMBER_CHARS:
+        return None
+    try:
+        return int(v)
+    except ValueError:
+        pass
+    try:
+        return float(v)
+    except ValueError:
+        return None
+
+
+def _non_negative(name: str, v: object) -> int | float | None:
+    """A finite number >= 0 within int64, else None (logged unless MISSING)."""
+    if v is MISSING:
+        return None
+    n = _number(v)
+    if n is None:
+        return drop(name, v, "not a number")
+    if n.__class__ is int and n > 2**63:
+        return drop(name, v, "too large")
+    if not math.isfinite(n):
+        return drop(name, v, "not finite")
+    if n < 0:
+        return drop(name, v, "negative")
+    return n
+
+
+def seconds(name: str, v: object, per_second: float = 1.0) -> float | None:
+    """A duration in seconds from a value counted in 1/per_second units (1e9 for ns)."""
+    n = _non_negative(name, v)
+    if n is None:
+        return None
+    s = n / per_second
+    if s > MAX_SECONDS:
+        return drop(name, v, "absurdly long")
+    return float(s)
+
+
+def tokens(name: str, v: object) -> int | None:
+    """A whole, plausible token count."""
+    n = _non_negative(name, v)
+    if n is None:
+        return None
+    if n.__class__ is float and not n.is_integer():
+        return drop(name, v, "not a whole number")
+    if n > MAX_TOKENS:
+        return drop(name, v, "absurdly large")
+    return int(n)
+
+
+def rate(name: str, v: object) -> float | None:
+    """A plausible tokens-per-second rate."""
+    n = _non_negative(name, v)
+    if n is None:
+        return None
+    if n > MAX_RATE:
+        return drop(name, v, "absurdly large")
+    return float(n)
+
+
+def flag(name: str, v: object) -> bool | None:
+    """A JSON boolean."""
+    if v is MISSING:
+        return None
+    if isinstance(v, bool):
+        return v
+    return drop(name, v, "not a boolean")
+
+
+def evaluated(name: str, total: int | None, cached: int | None) -> int | None:
+    """Prompt tokens actually evaluated: total minus cached (total when cached is unknown)."""
+    if total is None or cached is None:
+        return total
+    if cached > total:
+        return drop(name, (total, cached), "cached > total")
+    return total - cached
+
+
+# --- finish reasons -------------------------------------------------------------------------
+
+
+def map_reasons(reasons: object, table: Mapping[str, str]) -> list[str] | None:
+    """Map runtime finish reasons to OpenAI-style values; unknown ones pass unchanged."""
+    if isinstance(reasons, str):
+        reasons = [reasons]
+    if not isinstance(reasons, (list, tuple)):
+        return None
+    out = [table.get(r, COMMON_REASONS.get(r, r)) for r in _strings(reasons)]
+    return out or None
+
+
+def _strings(values: Iterable[object]) -> list[str]:
+    return [v for v in values if isinstance(v, str) and v]
+
+
+# --- derived values -------------------------------------------------------------------------
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    if num is None or den is None or num <= 0 or den <= 0:
+        return None
+    return num / den
+
+
+def derive(c: RuntimeCounters) -> None:
+    """Fill rates and time per output token from counts and durations (both > 0) when the
+    runtime did not report them."""
+    if c.prompt_eval_rate is None:
+        r = _ratio(c.prompt_tokens, c.prompt_eval_duration)
+        c.prompt_eval_rate = None if r is None else rate("prompt_eval_rate (derived)", r)
+    if c.generation_rate is None:
+        r = _ratio(c.generation_tokens, c.generation_duration)
+        c.generation_rate = None if r is None else rate("generation_rate (derived)", r)
+    if c.time_per_output_token is None:
+        r = _ratio(c.generation_duration, c.generation_tokens)
+        c.time_per_output_token = None if r is None else seconds("time_per_output_token (derived)", r)
