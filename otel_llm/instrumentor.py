@@ -30,6 +30,13 @@ def current_telemetry() -> Telemetry | None:
     return _telemetry
 
 
+def _optional_module(name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
 def _at_exit() -> None:
     telemetry = _telemetry
     if telemetry is not None:
@@ -100,10 +107,15 @@ class OtelLlmInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             (client, "AsyncHTTPTransport.handle_async_request", transport.async_send_wrapper(current_telemetry, client)),
             (core, "SyncBackend.connect_tcp", dns.sync_connect_wrapper(core)),
             (core, "AnyIOBackend.connect_tcp", dns.async_connect_wrapper(core)),
+            # private modules: pool waits are simply not timed where they differ
+            (_optional_module(f"{core_name}._sync.connection_pool"), "PoolRequest.wait_for_connection",
+             dns.sync_pool_wait_wrapper),
+            (_optional_module(f"{core_name}._async.connection_pool"), "AsyncPoolRequest.wait_for_connection",
+             dns.async_pool_wait_wrapper),
         )
         for module, name, wrapper in patches:
             owner_name, _, method = name.partition(".")
-            owner = getattr(module, owner_name, None)
+            owner = getattr(module, owner_name, None) if module is not None else None
             if owner is None:
                 continue
             self._patched.append((owner, method))

@@ -173,3 +173,20 @@ def test_sampler_that_drops_emits_nothing_but_still_propagates(sim) -> None:
     assert exporter.get_finished_spans() == ()
     assert seen and seen[0].endswith("-00")  # not sampled, but the trace still crosses processes
     assert state.metrics().get(sc.METRIC_OPERATION_DURATION)  # metrics do not depend on sampling
+
+
+def test_async_pool_wait(sim, otel: Otel) -> None:
+    import asyncio
+
+    configure_sim(sim, tokens=10, first_token_delay=0.05, token_interval=0.01)
+
+    async def run() -> None:
+        async with httpx.AsyncClient(limits=httpx.Limits(max_connections=1)) as client:
+            async def one() -> None:
+                async with client.stream("POST", f"{sim.base_url}/v1/chat/completions", json={**CHAT, "stream": True}) as r:
+                    await r.aread()
+            await asyncio.gather(one(), one())
+
+    asyncio.run(run())
+    waits = [k for c in otel.calls() for k in otel.children(c) if k.name == sc.SPAN_POOL_WAIT]
+    assert len(waits) == 1 and (waits[0].end_time - waits[0].start_time) / 1e9 > 0.08

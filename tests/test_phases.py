@@ -5,8 +5,8 @@ from __future__ import annotations
 from otel_llm import semconv as sc
 from otel_llm.build.phases import compute_phases
 from otel_llm.capture.call import (
-    BODY_SENT, CONNECT_END, CONNECT_START, DNS_END, DNS_START, HEADERS, N_MARKS, TLS_END,
-    TLS_START, UPLOAD_START,
+    BODY_SENT, CONNECT_END, CONNECT_START, DNS_END, DNS_START, HEADERS, N_MARKS, POOL_END, POOL_START,
+    TLS_END, TLS_START, UPLOAD_START,
 )
 
 MS = 1_000_000
@@ -45,12 +45,19 @@ def test_reused_connection_non_streaming() -> None:
     _check_tiling(phases, 0, 31 * MS)
 
 
-def test_pool_wait_only_when_it_is_real() -> None:
-    marks = _marks(UPLOAD_START=5 * MS, BODY_SENT=6 * MS, HEADERS=10 * MS)
+def test_pool_wait_only_when_the_request_really_queued() -> None:
+    marks = _marks(POOL_START=10_000, POOL_END=5 * MS, UPLOAD_START=5 * MS + 1000, BODY_SENT=6 * MS, HEADERS=10 * MS)
     phases = compute_phases(marks, 0, 11 * MS, streaming=False, first_token_ns=0)
     assert phases[0].name == sc.SPAN_POOL_WAIT and phases[0].end_ns == 5 * MS
-    quick = compute_phases(_marks(UPLOAD_START=50_000, BODY_SENT=6 * MS, HEADERS=10 * MS), 0, 11 * MS, False, 0)
-    assert quick[0].name == sc.SPAN_UPLOAD and quick[0].start_ns == 0
+    _check_tiling(phases, 0, 11 * MS)
+    # a slow start without any queueing (a busy CPU) is not a pool wait
+    slow = compute_phases(_marks(UPLOAD_START=5 * MS, BODY_SENT=6 * MS, HEADERS=10 * MS), 0, 11 * MS, False, 0)
+    assert slow[0].name == sc.SPAN_UPLOAD and slow[0].start_ns == 0
+
+
+def test_pool_timeout_ends_inside_pool_wait() -> None:
+    phases = compute_phases(_marks(POOL_START=1000), 0, 5000 * MS, streaming=False, first_token_ns=0)
+    assert [(p.name, p.complete) for p in phases] == [(sc.SPAN_POOL_WAIT, False)]
 
 
 def test_connect_refused_ends_inside_connect() -> None:

@@ -13,14 +13,13 @@ from typing import NamedTuple
 
 from otel_llm import semconv as sc
 from otel_llm.capture.call import (
-    BODY_SENT, CONNECT_END, CONNECT_START, DNS_END, DNS_START, HEADERS, TLS_END, TLS_START,
-    UPLOAD_START,
+    BODY_SENT, CONNECT_END, CONNECT_START, DNS_END, DNS_START, HEADERS, POOL_END, POOL_START, TLS_END,
+    TLS_START, UPLOAD_START,
 )
-
-POOL_WAIT_MIN_NS = 1_000_000  # below 1 ms, getting a connection is bookkeeping, not waiting
 
 # (span name, mark that starts the phase, mark that ends it)
 _TRANSPORT_PHASES = (
+    (sc.SPAN_POOL_WAIT, POOL_START, POOL_END),
     (sc.SPAN_DNS, DNS_START, DNS_END),
     (sc.SPAN_CONNECT, CONNECT_START, CONNECT_END),
     (sc.SPAN_TLS, TLS_START, TLS_END),
@@ -42,10 +41,6 @@ def compute_phases(
     """Phases of one call in perf-counter nanoseconds, in order, tiling ``[t0, t_end]``."""
     phases: list[Phase] = []
     cursor = t0
-    first_event = min((m for m in (marks[CONNECT_START], marks[UPLOAD_START]) if m), default=0)
-    if first_event and first_event - t0 >= POOL_WAIT_MIN_NS:
-        phases.append(Phase(sc.SPAN_POOL_WAIT, t0, first_event, True))
-        cursor = first_event
     for name, start_mark, end_mark in _TRANSPORT_PHASES:
         if not marks[start_mark]:
             continue

@@ -26,7 +26,8 @@ perf_ns = time.perf_counter_ns
 # Indices into LlmCall.marks (perf-counter nanoseconds; 0 = did not happen).
 CONNECT_START, DNS_START, DNS_END, CONNECT_END, TLS_START, TLS_END = range(6)
 UPLOAD_START, BODY_SENT, HEADERS = 6, 7, 8
-N_MARKS = 9
+POOL_START, POOL_END = 9, 10  # set only when the request really queued for a pooled connection
+N_MARKS = 11
 
 _EVENT_MARKS: dict[str, int] = {
     "connection.connect_tcp.started": CONNECT_START,
@@ -120,6 +121,11 @@ class LlmCall:
             value = info.get("return_value")
             if isinstance(value, tuple) and value and isinstance(value[0], bytes):
                 self.http_version = value[0].decode("ascii", "replace")
+
+    def on_pool_wait(self, start_ns: int, end_ns: int) -> None:
+        if not self.marks[POOL_START]:
+            self.marks[POOL_START] = start_ns
+        self.marks[POOL_END] = end_ns
 
     def on_dns(self, start_ns: int, end_ns: int) -> None:
         self.marks[DNS_START] = start_ns

@@ -1,4 +1,7 @@
-"""Time DNS apart from TCP connect.
+"""Time what httpcore emits no trace event for: DNS apart from TCP connect, and pool waits.
+
+A request that finds every pooled connection busy blocks in ``PoolRequest.wait_for_connection``;
+that wait is timed only when it really blocks (no connection assigned yet).
 
 httpcore resolves inside ``connect_tcp`` (``socket.create_connection`` / anyio's happy eyeballs),
 so there is no DNS event. During a model call, the backend's ``connect_tcp`` is given the
@@ -21,6 +24,30 @@ from otel_llm.capture.call import LlmCall, perf_ns
 CURRENT_CALL: contextvars.ContextVar[LlmCall | None] = contextvars.ContextVar(
     "otel_llm_current_call", default=None
 )
+
+
+def sync_pool_wait_wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    """wrapt wrapper for ``PoolRequest.wait_for_connection``: times a real wait for a connection."""
+    call = CURRENT_CALL.get()
+    if call is None or instance.connection is not None:
+        return wrapped(*args, **kwargs)
+    start = perf_ns()
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        call.on_pool_wait(start, perf_ns())
+
+
+async def async_pool_wait_wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    """wrapt wrapper for ``AsyncPoolRequest.wait_for_connection``."""
+    call = CURRENT_CALL.get()
+    if call is None or instance.connection is not None:
+        return await wrapped(*args, **kwargs)
+    start = perf_ns()
+    try:
+        return await wrapped(*args, **kwargs)
+    finally:
+        call.on_pool_wait(start, perf_ns())
 
 
 def _is_ip(host: str) -> bool:
