@@ -59,6 +59,29 @@ LLM_CLIENT_RESPONSE_BYTES = "llm.client.response_bytes"
 LLM_CLIENT_END_REASON = "llm.client.end_reason"
 LLM_PHASE = "llm.phase"
 
+# --- otel_llm: the runtime's own counters, normalized (seconds, tokens, tokens/s) ------------
+LLM_RUNTIME_LOAD_DURATION = "llm.runtime.load_duration"
+LLM_RUNTIME_QUEUE_DURATION = "llm.runtime.queue_duration"
+LLM_RUNTIME_PROMPT_TOKENS = "llm.runtime.prompt_tokens"
+LLM_RUNTIME_PROMPT_EVAL_DURATION = "llm.runtime.prompt_eval_duration"
+LLM_RUNTIME_PROMPT_EVAL_RATE = "llm.runtime.prompt_eval_rate"
+LLM_RUNTIME_CACHED_TOKENS = "llm.runtime.cached_tokens"
+LLM_RUNTIME_GENERATION_TOKENS = "llm.runtime.generation_tokens"
+LLM_RUNTIME_GENERATION_DURATION = "llm.runtime.generation_duration"
+LLM_RUNTIME_GENERATION_RATE = "llm.runtime.generation_rate"
+LLM_RUNTIME_TOTAL_DURATION = "llm.runtime.total_duration"
+LLM_RUNTIME_DRAFT_TOKENS = "llm.runtime.draft_tokens"
+LLM_RUNTIME_DRAFT_TOKENS_ACCEPTED = "llm.runtime.draft_tokens_accepted"
+LLM_SYNTHESIZED = "llm.synthesized"
+
+# --- otel_llm: diagnosis derived per call ---------------------------------------------------
+LLM_DIAGNOSIS_UNACCOUNTED_WAIT = "llm.diagnosis.unaccounted_wait"
+LLM_DIAGNOSIS_COLD_START = "llm.diagnosis.cold_start"
+LLM_DIAGNOSIS_STREAM_BUFFERED = "llm.diagnosis.stream_buffered"
+LLM_DIAGNOSIS_CONCURRENT_REQUESTS = "llm.diagnosis.concurrent_requests"
+LLM_DIAGNOSIS_RETRY = "llm.diagnosis.retry"
+LLM_DIAGNOSIS_BOTTLENECK = "llm.diagnosis.bottleneck"
+
 # --- phase (child) span names --------------------------------------------------------------
 SPAN_POOL_WAIT = "http.pool_wait"
 SPAN_DNS = "http.dns"
@@ -69,6 +92,11 @@ SPAN_SERVER_WAIT = "llm.server_wait"
 SPAN_FIRST_TOKEN = "llm.first_token"
 SPAN_DECODE = "llm.decode"
 SPAN_DOWNLOAD = "http.download"
+# synthesized from the runtime's counters, placed on the client clock (llm.synthesized=true)
+SPAN_RUNTIME_QUEUE = "runtime.queue"
+SPAN_RUNTIME_LOAD = "runtime.load"
+SPAN_RUNTIME_PREFILL = "runtime.prefill"
+SPAN_RUNTIME_DECODE = "runtime.decode"
 
 # --- metrics --------------------------------------------------------------------------------
 METRIC_OPERATION_DURATION = "gen_ai.client.operation.duration"
@@ -76,6 +104,11 @@ METRIC_TOKEN_USAGE = "gen_ai.client.token.usage"
 METRIC_TIME_TO_FIRST_CHUNK = "gen_ai.client.operation.time_to_first_chunk"
 METRIC_TIME_PER_OUTPUT_CHUNK = "gen_ai.client.operation.time_per_output_chunk"
 METRIC_PHASE_DURATION = "llm.client.phase.duration"
+METRIC_SERVER_TIME_TO_FIRST_TOKEN = "gen_ai.server.time_to_first_token"
+METRIC_SERVER_TIME_PER_OUTPUT_TOKEN = "gen_ai.server.time_per_output_token"
+METRIC_RUNTIME_PROMPT_EVAL_RATE = "llm.runtime.prompt_eval.rate"
+METRIC_RUNTIME_GENERATION_RATE = "llm.runtime.generation.rate"
+METRIC_ACTIVE_REQUESTS = "llm.client.active_requests"
 
 DURATION_BUCKETS = (
     0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
@@ -86,6 +119,10 @@ PHASE_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56,
     5.12, 10.24, 20.48, 40.96, 81.92,
 )
+
+SERVER_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+SERVER_TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+RATE_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0, 20000.0)
 
 # --- content capture switch -----------------------------------------------------------------
 ENV_CAPTURE_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"

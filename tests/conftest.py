@@ -36,8 +36,10 @@ class Otel:
     def calls(self) -> list[ReadableSpan]:
         return [s for s in self.spans() if s.kind == SpanKind.CLIENT]
 
-    def children(self, call: ReadableSpan) -> list[ReadableSpan]:
-        kids = [s for s in self.spans() if s.parent is not None and s.parent.span_id == call.context.span_id]
+    def children(self, call: ReadableSpan, synthesized: bool = False) -> list[ReadableSpan]:
+        """The call's phase spans in time order (or its synthesized runtime spans)."""
+        kids = [s for s in self.spans() if s.parent is not None and s.parent.span_id == call.context.span_id
+                and bool((s.attributes or {}).get("llm.synthesized")) == synthesized]
         return sorted(kids, key=lambda s: s.start_time)
 
     def one_call(self) -> tuple[ReadableSpan, list[ReadableSpan]]:

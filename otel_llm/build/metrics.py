@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.context import Context
-from opentelemetry.metrics import MeterProvider
+from opentelemetry.metrics import MeterProvider, Observation
 
 from otel_llm import semconv as sc
+from otel_llm.build.inflight import InFlight
 from otel_llm.version import __version__
+
+if TYPE_CHECKING:
+    from otel_llm.parse.runtimes import RuntimeCounters
 
 # Metric attributes: the GenAI common set (low cardinality; no ids, no URLs).
 _METRIC_KEYS = (
@@ -26,7 +30,7 @@ _NO_CONTEXT = Context()
 class CallMetrics:
     """The histograms one call records into."""
 
-    def __init__(self, meter_provider: MeterProvider) -> None:
+    def __init__(self, meter_provider: MeterProvider, in_flight: InFlight) -> None:
         meter = meter_provider.get_meter(sc.INSTRUMENTATION_NAME, __version__)
 
         def histogram(name: str, unit: str, description: str, buckets: tuple[float, ...]) -> Any:
@@ -44,6 +48,34 @@ class CallMetrics:
         self.phase = histogram(sc.METRIC_PHASE_DURATION, "s",
                                "Duration of each phase of a model call (llm.phase = the phase span's name).",
                                sc.PHASE_BUCKETS)
+        self.server_ttft = histogram(sc.METRIC_SERVER_TIME_TO_FIRST_TOKEN, "s",
+                                     "Time to first token as the runtime reports it (queue, load, prefill).",
+                                     sc.SERVER_TTFT_BUCKETS)
+        self.server_tpot = histogram(sc.METRIC_SERVER_TIME_PER_OUTPUT_TOKEN, "s",
+                                     "Time per output token after the first, as the runtime reports it.",
+                                     sc.SERVER_TPOT_BUCKETS)
+        self.prompt_rate = histogram(sc.METRIC_RUNTIME_PROMPT_EVAL_RATE, "{token}/s",
+                                     "Prompt evaluation rate reported by the runtime.", sc.RATE_BUCKETS)
+        self.generation_rate = histogram(sc.METRIC_RUNTIME_GENERATION_RATE, "{token}/s",
+                                         "Generation rate reported by the runtime.", sc.RATE_BUCKETS)
+        # Observed at collection time from the in-flight table: no cost per call.
+        meter.create_observable_up_down_counter(
+            sc.METRIC_ACTIVE_REQUESTS, callbacks=[lambda options: _active(in_flight)], unit="{request}",
+            description="Model calls in flight, by server.",
+        )
+
+    def record_runtime(self, span_attrs: dict[str, Any], counters: RuntimeCounters) -> None:
+        """The runtime-reported latencies and rates, when it reported them."""
+        attrs = {k: span_attrs[k] for k in _METRIC_KEYS if k in span_attrs}
+        ttft = counters.time_to_first_token
+        if ttft is None and counters.prompt_eval_duration is not None:
+            ttft = sum(v for v in (counters.queue_duration, counters.load_duration,
+                                   counters.prompt_eval_duration) if v is not None)
+        for histogram, value in ((self.server_ttft, ttft), (self.server_tpot, counters.time_per_output_token),
+                                 (self.prompt_rate, counters.prompt_eval_rate),
+                                 (self.generation_rate, counters.generation_rate)):
+            if value is not None:
+                histogram.record(value, attrs, _NO_CONTEXT)
 
     def record(self, span_attrs: dict[str, Any], timings: dict[str, Any], phases: list[tuple[str, float]]) -> None:
         """Record one finished call; ``timings`` holds the llm.client.* values."""
@@ -63,3 +95,8 @@ class CallMetrics:
         phase_attrs = {k: attrs[k] for k in _PHASE_KEYS if k in attrs}
         for name, seconds in phases:
             self.phase.record(seconds, {**phase_attrs, sc.LLM_PHASE: name}, context)
+
+
+def _active(in_flight: InFlight) -> list[Observation]:
+    return [Observation(count, {sc.SERVER_ADDRESS: host, sc.SERVER_PORT: port})
+            for (host, port), count in list(in_flight.by_server.items())]

@@ -16,15 +16,21 @@ from opentelemetry.trace import TracerProvider
 from otel_llm import semconv as sc
 from otel_llm._log import log_once
 from otel_llm.build import attributes as attr_build
+from otel_llm.build import diagnosis
 from otel_llm.build.metrics import CallMetrics
 from otel_llm.build.phases import Phase, compute_phases
 from otel_llm.build.spans import CallSpan, make_sink
-from otel_llm.capture.call import CONNECT_START, END_CANCELLED, END_ERROR, END_EXIT, HEADERS, UPLOAD_START, LlmCall
+from otel_llm.build.inflight import InFlight
+from otel_llm.build.runtime import runtime_attributes, synthesized_spans
+from otel_llm.capture.call import (
+    BODY_SENT, CONNECT_START, END_CANCELLED, END_ERROR, END_EXIT, HEADERS, UPLOAD_START, LlmCall,
+)
 from otel_llm.parse.content import stream_text
 from otel_llm.parse.formats import NDJSON
 from otel_llm.parse.request import parse_request
 from otel_llm.parse.response import ResponseInfo, parse_body, parse_events
 from otel_llm.parse.routes import match_route
+from otel_llm.parse.runtimes import RuntimeCounters, runtime_counters
 from otel_llm.version import __version__
 
 _NS = 1e-9
@@ -45,7 +51,8 @@ class Telemetry:
 
     def __init__(self, tracer_provider: TracerProvider, meter_provider: MeterProvider, settings: CallSettings) -> None:
         self.tracer = tracer_provider.get_tracer(sc.INSTRUMENTATION_NAME, __version__)
-        self.metrics = CallMetrics(meter_provider)
+        self.in_flight = InFlight()
+        self.metrics = CallMetrics(meter_provider, self.in_flight)
         self.settings = settings
         self._runtimes = sorted(
             ((base.rstrip("/"), name) for base, name in settings.runtimes.items()),
@@ -67,15 +74,22 @@ class Telemetry:
             body = None
         info = parse_request(route.api, body)
         url = request.url
-        runtime = self._configured_runtime(str(url)) or route.runtime
-        call = LlmCall(self, route, info, url, request.method, runtime)
+        configured = self._configured_runtime(str(url))
+        call = LlmCall(self, route, info, url, request.method, configured or route.runtime)
+        call.runtime_configured = configured is not None
+        call.admission = self.in_flight.admit(
+            (url.host, url.port or 0), body, request.headers, info.model, _unloads(info))
         self.live.add(call)
-        provider = attr_build.provider_name(runtime, url.host, route.api)
+        provider = attr_build.provider_name(call.runtime, url.host, route.api)
         attrs = attr_build.request_attributes(call, provider, self.settings.capture_content)
         call.span = span = self._sink.start(attr_build.span_name(route.operation, info.model), attrs, call.epoch0)
         carrier = span.live if span.live is not None else trace.NonRecordingSpan(span.context)
         propagate.inject(request.headers, context=trace.set_span_in_context(carrier))
         return call
+
+    def release(self, call: LlmCall) -> None:
+        if call.admission is not None:
+            self.in_flight.release(call.admission)
 
     def finish_live_calls(self) -> None:
         """End the calls still open (at process exit), so their spans are exported too."""
@@ -104,11 +118,49 @@ class Telemetry:
         if error_type:
             attrs[sc.ERROR_TYPE] = error_type
         error = _error_message(call, response) if error_type else None
-        self._sink.finish(call, span, error, phases, [_phase_attributes(call, p) for p in phases])
+        counters = runtime_counters(response, call.response_headers) if response is not None else None
+        synthesized = self._runtime_evidence(call, counters, phases, first_token, attrs)
+        children = phases + synthesized
+        self._sink.finish(call, span, error, children, [_phase_attributes(call, p) for p in children])
         try:
             self.metrics.record(attrs, timings, [(p.name, (p.end_ns - p.start_ns) * _NS) for p in phases])
+            if counters is not None:
+                self.metrics.record_runtime(attrs, counters)
         except Exception:
             log_once("recording model-call metrics failed")
+
+    def _runtime_evidence(self, call: LlmCall, counters: RuntimeCounters | None, phases: list[Phase],
+                          first_token: int, attrs: dict[str, Any]) -> list[Phase]:
+        """Runtime attributes, diagnosis attributes, and the synthesized runtime spans."""
+        if counters is not None:
+            if counters.runtime and not call.runtime_configured:
+                call.runtime = attrs[sc.LLM_RUNTIME_NAME] = attrs[sc.GEN_AI_PROVIDER_NAME] = counters.runtime
+            runtime_attributes(counters, attrs)
+        streamed = bool(call.streaming and first_token)
+        anchor = first_token if streamed else call.marks[HEADERS]
+        lower = call.marks[BODY_SENT] or call.t0
+        unaccounted = None
+        if anchor:
+            unaccounted = diagnosis.unaccounted_wait((anchor - lower) * _NS, counters, streamed)
+            if unaccounted is not None:
+                attrs[sc.LLM_DIAGNOSIS_UNACCOUNTED_WAIT] = unaccounted
+        admission = call.admission
+        cold = diagnosis.cold_start(counters, admission.after_unload)
+        if cold is not None:
+            attrs[sc.LLM_DIAGNOSIS_COLD_START] = cold
+        buffered = diagnosis.stream_buffered(call.scanner) if streamed else None
+        if buffered is not None:
+            attrs[sc.LLM_DIAGNOSIS_STREAM_BUFFERED] = buffered
+        attrs[sc.LLM_DIAGNOSIS_CONCURRENT_REQUESTS] = admission.concurrent
+        if admission.retry:
+            attrs[sc.LLM_DIAGNOSIS_RETRY] = True
+        choke = diagnosis.bottleneck(phases, unaccounted, counters, streamed, buffered, admission.concurrent)
+        if choke is not None:
+            attrs[sc.LLM_DIAGNOSIS_BOTTLENECK] = choke
+        if counters is None or not anchor:
+            return []
+        return [Phase(s.name, s.start_ns, s.end_ns, True)
+                for s in synthesized_spans(counters, anchor, streamed, lower, call.t_end)]
 
     def _parse_response(self, call: LlmCall) -> ResponseInfo | None:
         api = call.route.api
@@ -134,14 +186,25 @@ class Telemetry:
         attrs[sc.LLM_CLIENT_END_REASON] = call.end_reason
         if call.peer is not None:
             attrs[sc.NETWORK_PEER_ADDRESS], attrs[sc.NETWORK_PEER_PORT] = call.peer
-        if response is not None and response.runtime and not call.runtime:
-            call.runtime = response.runtime
-            attrs[sc.LLM_RUNTIME_NAME] = response.runtime
-            attrs[sc.GEN_AI_PROVIDER_NAME] = response.runtime
         attr_build.response_attributes(response, attrs, self.settings.capture_content)
 
 
+_SYNTHESIZED = {sc.LLM_SYNTHESIZED: True}
+_SYNTHESIZED_NAMES = frozenset({sc.SPAN_RUNTIME_QUEUE, sc.SPAN_RUNTIME_LOAD, sc.SPAN_RUNTIME_PREFILL,
+                                sc.SPAN_RUNTIME_DECODE})
+
+
+def _unloads(info: Any) -> bool:
+    """Ollama unloads the model after a request with keep_alive 0 (number or "0", "0s", "0m")."""
+    keep_alive = info.keep_alive
+    if isinstance(keep_alive, (int, float)) and not isinstance(keep_alive, bool):
+        return keep_alive == 0
+    return isinstance(keep_alive, str) and keep_alive.strip() in ("0", "0s", "0m", "0h")
+
+
 def _phase_attributes(call: LlmCall, phase: Phase) -> dict[str, Any] | None:
+    if phase.name in _SYNTHESIZED_NAMES:
+        return _SYNTHESIZED
     if phase.name == sc.SPAN_TLS and call.tls_stream is not None:
         return _tls_attributes(call.tls_stream)
     if phase.name == sc.SPAN_DNS:

@@ -68,7 +68,8 @@ class LlmCall:
     """Everything recorded about one model call; finished exactly once."""
 
     __slots__ = (
-        "telemetry", "route", "request_info", "url", "method", "runtime", "span",
+        "telemetry", "route", "request_info", "url", "method", "runtime", "runtime_configured", "span",
+        "admission",
         "t0", "epoch0", "t_end", "marks", "tls_stream", "peer", "http_version",
         "status", "response_headers", "content_type", "scanner", "times", "chunks", "pending",
         "body", "body_overflow", "captured", "end_reason", "exception", "_lock", "_done", "__weakref__",
@@ -86,7 +87,9 @@ class LlmCall:
         self.url = url
         self.method = method
         self.runtime = runtime
+        self.runtime_configured = False  # the `runtimes` option named it: evidence does not override
         self.span: Any = None
+        self.admission: Any = None
         self.t_end = 0
         self.marks = [0] * N_MARKS
         self.tls_stream: Any = None
@@ -180,6 +183,7 @@ class LlmCall:
             if self.chunks:
                 self.fold()
             self.telemetry.live.discard(self)
+            self.telemetry.release(self)
             self.telemetry.emit(self)
         except Exception:
             log_once("finishing a model call failed")

@@ -30,10 +30,11 @@ UNACCOUNTED = "(unaccounted)"
 
 @dataclass
 class ModelCall:
-    """One model call: its CLIENT span and its direct child spans in start order."""
+    """One model call: its CLIENT span, its phase spans and its synthesized runtime spans."""
 
     span: SpanDict
     phases: list[SpanDict] = field(default_factory=list)
+    runtime: list[SpanDict] = field(default_factory=list)  # llm.synthesized=true
 
     @property
     def start_ns(self) -> int:
@@ -65,9 +66,11 @@ def group_calls(spans: Iterable[SpanDict]) -> list[ModelCall]:
     for span in unique.values():
         parent = calls.get((span["traceId"], span.get("parentSpanId") or ""))
         if parent is not None:
-            parent.phases.append(span)
+            synthesized = (span.get("attributes") or {}).get(sc.LLM_SYNTHESIZED)
+            (parent.runtime if synthesized else parent.phases).append(span)
     for call in calls.values():
         call.phases.sort(key=lambda s: (s["startTimeUnixNano"], s["endTimeUnixNano"]))
+        call.runtime.sort(key=lambda s: (s["startTimeUnixNano"], s["endTimeUnixNano"]))
     return sorted(calls.values(), key=lambda c: (c.start_ns, c.end_ns))
 
 
@@ -128,7 +131,24 @@ def _header(call: ModelCall, width: int) -> list[str]:
     server = f"{address}:{port}" if address and port is not None else address
     first = [span.get("name") or "model call", server, _status(span), _format_start(call.start_ns),
              f"total {format_duration(call.duration_ns / 1e9)}"]
-    return ["  ".join(str(p) for p in first if p), *_pack(_measurements(attrs), width)]
+    return ["  ".join(str(p) for p in first if p), *_pack(_measurements(attrs) + _diagnosis(attrs), width)]
+
+
+def _diagnosis(attrs: Mapping[str, Any]) -> list[str]:
+    parts = []
+    if attrs.get(sc.LLM_DIAGNOSIS_BOTTLENECK):
+        parts.append(f"bottleneck {attrs[sc.LLM_DIAGNOSIS_BOTTLENECK]}")
+    unaccounted = finite_number(attrs.get(sc.LLM_DIAGNOSIS_UNACCOUNTED_WAIT))
+    if unaccounted is not None:
+        parts.append(f"unaccounted wait {format_duration(unaccounted)}")
+    for key, label in ((sc.LLM_DIAGNOSIS_COLD_START, "cold start"), (sc.LLM_DIAGNOSIS_STREAM_BUFFERED, "buffered"),
+                       (sc.LLM_DIAGNOSIS_RETRY, "retry")):
+        if attrs.get(key) is True:
+            parts.append(label)
+    concurrent = attrs.get(sc.LLM_DIAGNOSIS_CONCURRENT_REQUESTS)
+    if concurrent:
+        parts.append(f"{concurrent} other call(s) in flight")
+    return parts
 
 
 def _measurements(attrs: Mapping[str, Any]) -> list[str]:
@@ -193,8 +213,8 @@ def _row(name: str, offset_ns: int, duration_ns: int, cells: list[str], name_wid
 
 def render_call(call: ModelCall, width: int = 100, ascii: bool = False) -> str:
     """Render one call: header lines, one bar row per phase, and the unaccounted remainder."""
-    full, gap_char, edge = ("#", ".", "|") if ascii else ("█", "░", "│")
-    names = [str(p.get("name", "")) for p in call.phases] + [UNACCOUNTED]
+    full, gap_char, edge, reported = ("#", ".", "|", "=") if ascii else ("█", "░", "│", "▒")
+    names = [str(p.get("name", "")) for p in call.phases + call.runtime] + [UNACCOUNTED]
     name_width = min(_NAME_MAX, max(_NAME_MIN, *(len(n) for n in names)))
     bar_width = max(_MIN_BAR, width - (2 + name_width + 1 + 10 + 1 + 9 + 1 + 2))
     total = call.duration_ns
@@ -212,6 +232,14 @@ def render_call(call: ModelCall, width: int = 100, ascii: bool = False) -> str:
         for lo, hi in gaps:
             _paint(cells, lo, hi, total, gap_char)
         lines.append(_row(UNACCOUNTED, gaps[0][0], missing, cells, name_width, edge))
+    if call.runtime:
+        lines.append(f"  as the runtime reports it ({reported}):")
+        for span in call.runtime:
+            lo = int(span["startTimeUnixNano"]) - call.start_ns
+            hi = int(span["endTimeUnixNano"]) - call.start_ns
+            cells = [" "] * bar_width
+            _paint(cells, max(0, lo), min(total, hi), total, reported)
+            lines.append(_row(str(span.get("name", ""))[:name_width], lo, max(0, hi - lo), cells, name_width, edge))
     return "\n".join(lines)
 
 

@@ -19,6 +19,7 @@ TAIL_BYTES = 32 * 1024
 BODY_LIMIT = 8 * 1024 * 1024  # non-streamed bodies larger than this are not parsed
 _OVERLAP = 128  # longer than any token marker, so a marker split across batches is still seen
 _MAX_TAIL_EVENTS = 6
+GROUP_NS = 1_000_000  # chunks closer than this arrived together (one burst)
 
 
 class StreamScanner:
@@ -26,7 +27,7 @@ class StreamScanner:
 
     __slots__ = (
         "fmt", "first_token_ns", "last_token_ns", "token_events", "chunks", "bytes",
-        "max_gap_ns", "_prev_ns", "_head", "_tail", "_overlap",
+        "max_gap_ns", "arrival_groups", "_prev_ns", "_head", "_tail", "_overlap",
     )
 
     def __init__(self, fmt: StreamFormat) -> None:
@@ -37,6 +38,7 @@ class StreamScanner:
         self.chunks = 0
         self.bytes = 0
         self.max_gap_ns = 0
+        self.arrival_groups = 0  # bursts of chunks from the first token on
         self._prev_ns = 0
         self._head = b""
         self._tail = b""
@@ -82,16 +84,23 @@ class StreamScanner:
         self.token_events += count
 
     def _note_gaps(self, times: list[int], start: int) -> None:
-        """Track the longest silence between chunks, from the first generated token on."""
+        """Track the longest silence and the arrival bursts, from the first generated token on."""
         if start >= len(times):
             return
-        prev = self._prev_ns if start == 0 and self._prev_ns else times[start]
-        gap = self.max_gap_ns
+        if start == 0 and self._prev_ns:
+            prev = self._prev_ns
+        else:
+            prev = times[start]
+            self.arrival_groups += 1  # the burst that carried the first token
+        gap, groups = self.max_gap_ns, self.arrival_groups
         for t in times[start:]:
-            if t - prev > gap:
-                gap = t - prev
+            delta = t - prev
+            if delta > gap:
+                gap = delta
+            if delta > GROUP_NS:
+                groups += 1
             prev = t
-        self.max_gap_ns = gap
+        self.max_gap_ns, self.arrival_groups = gap, groups
         self._prev_ns = prev
 
     def first_event(self) -> bytes | None:

@@ -1,0 +1,106 @@
+"""Diagnostic facts derived once per call from the timeline and the runtime's counters.
+
+* ``unaccounted_wait``: the wait before the first token (before the response, when not
+  streaming) that the runtime's reported queue, load and prefill (and, when not streaming,
+  generation) do not explain: unreported queueing, network, proxies. Never negative; only when
+  the runtime reported at least one of those durations.
+* ``cold_start``: a reported model load of at least ``COLD_LOAD_SECONDS``, or the first call to
+  a model after a request that unloaded it.
+* ``stream_buffered``: tokens arrived in bursts after silences: on average at least
+  ``BURST_TOKENS`` token events per arrival group (chunks less than 1 ms apart), and a silence of
+  at least ``SILENCE_FACTOR`` times the mean token interval. A healthy stream, even a fast one,
+  arrives about one token per group.
+* ``bottleneck``: the category with the largest share of the call: ``network``, ``queue``,
+  ``load``, ``prefill``, ``decode``, ``buffering`` or ``download``. Without runtime counters the
+  server's wait cannot be split: it counts as ``queue`` when other calls to the same server were
+  in flight, else as ``prefill`` (streaming; the wait for the first token) or ``decode`` (not
+  streaming; the wait for the whole answer).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from otel_llm import semconv as sc
+
+if TYPE_CHECKING:
+    from otel_llm.build.phases import Phase
+    from otel_llm.parse.framing import StreamScanner
+    from otel_llm.parse.runtimes import RuntimeCounters
+
+COLD_LOAD_SECONDS = 0.25
+BURST_TOKENS = 3.0
+SILENCE_FACTOR = 3.0
+MIN_TOKENS_FOR_BUFFERING = 8
+_NS = 1e-9
+_NETWORK = {sc.SPAN_DNS, sc.SPAN_CONNECT, sc.SPAN_TLS, sc.SPAN_UPLOAD}
+
+
+def explained_wait(counters: RuntimeCounters | None, streaming: bool) -> float | None:
+    """What the runtime's own durations say it spent before the first token (the answer)."""
+    if counters is None:
+        return None
+    parts = [counters.queue_duration, counters.load_duration, counters.validation_duration,
+             counters.prompt_eval_duration]
+    if not streaming:
+        parts.append(counters.generation_duration)
+    reported = [p for p in parts if p is not None]
+    return sum(reported) if reported else None
+
+
+def unaccounted_wait(wait: float, counters: RuntimeCounters | None, streaming: bool) -> float | None:
+    explained = explained_wait(counters, streaming)
+    return None if explained is None else max(0.0, wait - explained)
+
+
+def cold_start(counters: RuntimeCounters | None, after_unload: bool) -> bool | None:
+    if after_unload:
+        return True
+    if counters is None or counters.load_duration is None:
+        return None
+    return counters.load_duration >= COLD_LOAD_SECONDS
+
+
+def stream_buffered(scanner: StreamScanner) -> bool | None:
+    tokens = scanner.token_events
+    if tokens < MIN_TOKENS_FOR_BUFFERING or not scanner.arrival_groups:
+        return None
+    span_ns = scanner.last_token_ns - scanner.first_token_ns
+    if span_ns <= 0:
+        return True  # every token arrived at once
+    mean_interval = span_ns / (tokens - 1)
+    return (tokens / scanner.arrival_groups >= BURST_TOKENS
+            and scanner.max_gap_ns >= SILENCE_FACTOR * mean_interval)
+
+
+def bottleneck(phases: list[Phase], unaccounted: float | None, counters: RuntimeCounters | None,
+               streaming: bool, buffered: bool | None, concurrent: int) -> str | None:
+    """The category with the largest share of the call (see the module docstring)."""
+    shares: dict[str, float] = {}
+
+    def add(name: str, seconds: float | None) -> None:
+        if seconds:
+            shares[name] = shares.get(name, 0.0) + seconds
+
+    waiting = 0.0
+    for phase in phases:
+        seconds = (phase.end_ns - phase.start_ns) * _NS
+        if phase.name in _NETWORK:
+            add("network", seconds)
+        elif phase.name == sc.SPAN_POOL_WAIT:
+            add("queue", seconds)
+        elif phase.name in (sc.SPAN_SERVER_WAIT, sc.SPAN_FIRST_TOKEN):
+            waiting += seconds
+        elif phase.name == sc.SPAN_DECODE:
+            add("buffering" if buffered else "decode", seconds)
+        elif phase.name == sc.SPAN_DOWNLOAD:
+            add("download", seconds)
+    if unaccounted is not None and counters is not None:
+        add("queue", (counters.queue_duration or 0.0) + unaccounted)
+        add("load", counters.load_duration)
+        add("prefill", (counters.prompt_eval_duration or 0.0) + (counters.validation_duration or 0.0))
+        if not streaming:
+            add("decode", counters.generation_duration)
+    else:
+        add("queue" if concurrent else ("prefill" if streaming else "decode"), waiting)
+    return max(shares, key=shares.__getitem__) if shares else None
