@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from otel_llm import semconv as sc
 from otel_llm.build.phases import compute_phases
-from otel_llm.capture.call import (
-    BODY_SENT, CONNECT_END, CONNECT_START, DNS_END, DNS_START, HEADERS, N_MARKS, POOL_END, POOL_START,
-    TLS_END, TLS_START, UPLOAD_START,
-)
+from otel_llm.capture import call as marks_module
+from otel_llm.capture.call import N_MARKS
 
 MS = 1_000_000
 
@@ -15,7 +13,7 @@ MS = 1_000_000
 def _marks(**values: int) -> list[int]:
     marks = [0] * N_MARKS
     for name, value in values.items():
-        marks[globals()[name]] = value
+        marks[getattr(marks_module, name)] = value
     return marks
 
 

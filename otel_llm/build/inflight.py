@@ -55,11 +55,8 @@ class InFlight:
 
     def release(self, admission: Admission) -> None:
         with self._lock:
-            count = self.by_server.get(admission.server, 1) - 1
-            if count > 0:
-                self.by_server[admission.server] = count
-            else:
-                self.by_server.pop(admission.server, None)
+            # kept at zero, not removed: the active-requests metric keeps reporting the server
+            self.by_server[admission.server] = max(0, self.by_server.get(admission.server, 1) - 1)
             if admission.body_key is not None:
                 key = (admission.server, admission.body_key)
                 remaining = self._bodies.get(key, 1) - 1

@@ -118,7 +118,11 @@ class Telemetry:
         if error_type:
             attrs[sc.ERROR_TYPE] = error_type
         error = _error_message(call, response) if error_type else None
-        counters = runtime_counters(response, call.response_headers) if response is not None else None
+        counters = None
+        if response is not None:
+            # vLLM leaves no trace in its responses: a configured or route-implied runtime stands in
+            response.runtime = response.runtime or call.runtime
+            counters = runtime_counters(response, call.response_headers)
         synthesized = self._runtime_evidence(call, counters, phases, first_token, attrs)
         children = phases + synthesized
         self._sink.finish(call, span, error, children, [_phase_attributes(call, p) for p in children])

@@ -21,6 +21,7 @@ _INT64_MAX = 2**63 - 1
 
 NATIVE_OLLAMA = "ollama"
 NATIVE_LLAMACPP_TIMINGS = "llamacpp.timings"
+NATIVE_LLAMACPP_TRUNCATED = "llamacpp.truncated"
 NATIVE_TGI_HEADERS = "tgi.headers"
 NATIVE_TGI_DETAILS = "tgi.details"
 NATIVE_SGLANG_META = "sglang.meta_info"
@@ -375,6 +376,8 @@ def _merge_llamacpp(acc: _Acc, o: dict) -> None:
         acc.fb_cached = _keep(cache_n, acc.fb_cached)
     if not isinstance(o.get("stop"), bool):
         return
+    if isinstance(o.get("truncated"), bool):
+        acc.info.native[NATIVE_LLAMACPP_TRUNCATED] = o["truncated"]
     _last(acc, "input_tokens", _count(o.get("tokens_evaluated")))
     _last(acc, "output_tokens", _count(o.get("tokens_predicted")))
     if o["stop"]:

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+Reader = Callable[[str, object], Any]
+Field = tuple[str, str, Reader]  # (RuntimeCounters attribute, source key, reader)
 
 log = logging.getLogger("otel_llm.parse.runtimes")
 
@@ -35,25 +38,25 @@ class RuntimeCounters:
     """A runtime's own account of one request, normalized: seconds, tokens, tokens/s.
     None = not reported (never invent a zero)."""
 
-    runtime: str | None = None
-    load_duration: float | None = None
-    queue_duration: float | None = None
-    validation_duration: float | None = None
-    prompt_tokens: int | None = None
+    runtime: str | None = None                # one of KNOWN_RUNTIMES when the response proves it
+    load_duration: float | None = None        # model load (Ollama, LM Studio)
+    queue_duration: float | None = None       # TGI x-queue-time, SGLang queue_time
+    validation_duration: float | None = None  # TGI x-validation-time
+    prompt_tokens: int | None = None          # prompt tokens actually evaluated (not cached)
     prompt_eval_duration: float | None = None
-    prompt_eval_rate: float | None = None
-    cached_tokens: int | None = None
+    prompt_eval_rate: float | None = None     # as reported, else prompt_tokens / duration
+    cached_tokens: int | None = None          # prompt tokens reused from cache
     generation_tokens: int | None = None
     generation_duration: float | None = None
-    generation_rate: float | None = None
-    time_to_first_token: float | None = None
-    time_per_output_token: float | None = None
-    total_duration: float | None = None
-    inference_duration: float | None = None
-    draft_tokens: int | None = None
+    generation_rate: float | None = None      # as reported, else tokens / duration
+    time_to_first_token: float | None = None  # as reported by the runtime (LM Studio)
+    time_per_output_token: float | None = None  # as reported, else duration / tokens
+    total_duration: float | None = None       # Ollama total, TGI x-total-time, SGLang e2e
+    inference_duration: float | None = None   # TGI x-inference-time
+    draft_tokens: int | None = None           # speculative decoding (llama.cpp draft_n)
     draft_tokens_accepted: int | None = None
-    finish_reasons: list[str] | None = None
-    truncated: bool | None = None
+    finish_reasons: list[str] | None = None   # OpenAI-style where known, else as sent
+    truncated: bool | None = None             # llama.cpp /completion: prompt was truncated
 
 
 # --- raw access -----------------------------------------------------------------------------
@@ -152,6 +155,16 @@ def rate(name: str, v: object) -> float | None:
     return float(n)
 
 
+def ms(name: str, v: object) -> float | None:
+    """Milliseconds to seconds."""
+    return seconds(name, v, 1e3)
+
+
+def ns(name: str, v: object) -> float | None:
+    """Nanoseconds to seconds."""
+    return seconds(name, v, 1e9)
+
+
 def flag(name: str, v: object) -> bool | None:
     """A JSON boolean."""
     if v is MISSING:
@@ -168,6 +181,22 @@ def evaluated(name: str, total: int | None, cached: int | None) -> int | None:
     if cached > total:
         return drop(name, (total, cached), "cached > total")
     return total - cached
+
+
+# --- tables -------------------------------------------------------------------------------
+
+
+def fill(c: RuntimeCounters, src: Mapping, spec: Iterable[Field], prefix: str) -> None:
+    """For each (attribute, key, reader) set c.attribute from src[key] unless already set."""
+    for attr, key, reader in spec:
+        if getattr(c, attr) is None:
+            setattr(c, attr, reader(f"{prefix}.{key}", get(src, key)))
+
+
+def reasons_of(info: object) -> list | None:
+    """info.finish_reasons when it is a non-empty list."""
+    reasons = getattr(info, "finish_reasons", None)
+    return reasons if isinstance(reasons, list) and reasons else None
 
 
 # --- finish reasons -------------------------------------------------------------------------
@@ -200,11 +229,16 @@ def derive(c: RuntimeCounters) -> None:
     """Fill rates and time per output token from counts and durations (both > 0) when the
     runtime did not report them."""
     if c.prompt_eval_rate is None:
-        r = _ratio(c.prompt_tokens, c.prompt_eval_duration)
-        c.prompt_eval_rate = None if r is None else rate("prompt_eval_rate (derived)", r)
+        c.prompt_eval_rate = _derived(rate, "prompt_eval_rate", c.prompt_tokens,
+                                      c.prompt_eval_duration)
     if c.generation_rate is None:
-        r = _ratio(c.generation_tokens, c.generation_duration)
-        c.generation_rate = None if r is None else rate("generation_rate (derived)", r)
+        c.generation_rate = _derived(rate, "generation_rate", c.generation_tokens,
+                                     c.generation_duration)
     if c.time_per_output_token is None:
-        r = _ratio(c.generation_duration, c.generation_tokens)
-        c.time_per_output_token = None if r is None else seconds("time_per_output_token (derived)", r)
+        c.time_per_output_token = _derived(seconds, "time_per_output_token",
+                                           c.generation_duration, c.generation_tokens)
+
+
+def _derived(check: Reader, name: str, num: float | None, den: float | None) -> Any:
+    r = _ratio(num, den)
+    return None if r is None else check(f"{name} (derived)", r)

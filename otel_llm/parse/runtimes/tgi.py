@@ -1,0 +1,80 @@
+"""Hugging Face TGI: x-* timing headers of non-streamed responses and ``details``.
+
+Header times are integer milliseconds except ``x-compute-time`` (seconds, the same total).
+Streamed responses carry no timing headers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from otel_llm.parse.response import NATIVE_TGI_DETAILS, NATIVE_TGI_HEADERS, ResponseInfo
+from otel_llm.parse.runtimes._common import (
+    Field, RuntimeCounters, as_dict, fill, map_reasons, ms, native_of, reasons_of, seconds,
+    tokens,
+)
+
+NAME = "tgi"
+NATIVE_KEYS = (NATIVE_TGI_DETAILS, NATIVE_TGI_HEADERS)
+SOURCE = (
+    "non-streamed response headers x-total-time, x-validation-time, x-queue-time, "
+    "x-inference-time, x-time-per-token (ms -> s), x-compute-time (s, fallback total), "
+    "x-prompt-tokens, x-generated-tokens; `details` finish_reason, generated_tokens, "
+    "input_length"
+)
+REASONS = {"eos_token": "stop", "stop_sequence": "stop"}
+HEADER_NAMES = (
+    "x-compute-type", "x-compute-time", "x-compute-characters", "x-total-time",
+    "x-validation-time", "x-queue-time", "x-inference-time", "x-time-per-token",
+    "x-prompt-tokens", "x-generated-tokens",
+)
+_MAX_HEADERS = 1000
+
+_HEADERS: tuple[Field, ...] = (
+    ("total_duration", "x-total-time", ms),
+    ("validation_duration", "x-validation-time", ms),
+    ("queue_duration", "x-queue-time", ms),
+    ("inference_duration", "x-inference-time", ms),
+    ("time_per_output_token", "x-time-per-token", ms),
+    ("prompt_tokens", "x-prompt-tokens", tokens),
+    ("generation_tokens", "x-generated-tokens", tokens),
+    ("total_duration", "x-compute-time", seconds),
+)
+_DETAILS: tuple[Field, ...] = (
+    ("prompt_tokens", "input_length", tokens),
+    ("generation_tokens", "generated_tokens", tokens),
+)
+
+
+def tgi_headers(headers: Mapping[str, str] | None) -> dict[str, object]:
+    """The TGI x-* headers among ``headers``, names lower-cased; {} for anything odd."""
+    if not headers or not hasattr(headers, "items"):
+        return {}
+    found: dict[str, object] = {}
+    for n, (k, v) in enumerate(headers.items()):
+        if n >= _MAX_HEADERS:
+            break
+        if isinstance(k, (bytes, bytearray)):
+            k = bytes(k).decode("latin-1")
+        if isinstance(k, str) and k.lower() in HEADER_NAMES:
+            found[k.lower()] = v
+    return found
+
+
+def read(info: ResponseInfo, headers: Mapping[str, str] | None = None) -> RuntimeCounters:
+    """Counters of a TGI response: headers first, then ``details``."""
+    native = native_of(info)
+    found = {**_safe_headers(headers), **as_dict(native.get(NATIVE_TGI_HEADERS))}
+    details = as_dict(native.get(NATIVE_TGI_DETAILS))
+    c = RuntimeCounters(runtime=NAME)
+    fill(c, found, _HEADERS, "tgi")
+    fill(c, details, _DETAILS, "tgi.details")
+    c.finish_reasons = map_reasons(reasons_of(info) or details.get("finish_reason"), REASONS)
+    return c
+
+
+def _safe_headers(headers: Mapping[str, str] | None) -> dict[str, object]:
+    try:
+        return tgi_headers(headers)
+    except Exception:  # noqa: BLE001 - odd header containers
+        return {}

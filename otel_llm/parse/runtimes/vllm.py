@@ -1,0 +1,25 @@
+"""vLLM OpenAI server: no per-response timings exist, so only usage and finish reasons.
+
+No response field proves vLLM; this adapter runs when ``info.runtime == "vllm"`` (e.g. the
+caller copied a configured runtime name into it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from otel_llm.parse.response import ResponseInfo
+from otel_llm.parse.runtimes._common import RuntimeCounters, map_reasons, reasons_of
+
+NAME = "vllm"
+NATIVE_KEYS: tuple[str, ...] = ()
+SOURCE = (
+    "no per-response timings: OpenAI `usage` (prompt_tokens, completion_tokens, "
+    "prompt_tokens_details.cached_tokens with --enable-prompt-tokens-details) and finish_reason"
+)
+REASONS: dict[str, str] = {}  # already OpenAI-style; "abort" kept as-is
+
+
+def read(info: ResponseInfo, headers: Mapping[str, str] | None = None) -> RuntimeCounters:
+    """Finish reasons only; usage is merged by the caller."""
+    return RuntimeCounters(runtime=NAME, finish_reasons=map_reasons(reasons_of(info), REASONS))

@@ -1,0 +1,86 @@
+"""Ollama native API counters: integer nanoseconds -> seconds."""
+
+from __future__ import annotations
+
+import pytest
+
+from otel_llm.parse import routes as r
+from otel_llm.parse.response import ResponseInfo
+from otel_llm.parse.runtimes import runtime_counters
+from tests.test_runtimes_common import expect, from_body, from_stream, stream, window
+
+RT = "ollama"
+
+
+def test_chat_body_cold_load() -> None:
+    _, c = from_body(r.API_OLLAMA_CHAT, RT, "chat.json")
+    expect(c, runtime="ollama", load_duration=1.5, total_duration=2.012345678,
+           prompt_tokens=26, prompt_eval_duration=0.13, prompt_eval_rate=200.0,
+           generation_tokens=8, generation_duration=0.32, generation_rate=25.0,
+           time_per_output_token=0.04, finish_reasons=["stop"])
+
+
+def test_generate_stream_final_line() -> None:
+    _, c = from_stream(r.API_OLLAMA_GENERATE, RT, "generate_stream.ndjson")
+    expect(c, runtime="ollama", load_duration=1.5, total_duration=3.25, prompt_tokens=30,
+           prompt_eval_duration=0.12, prompt_eval_rate=250.0, generation_tokens=16,
+           generation_duration=0.4, generation_rate=40.0, time_per_output_token=0.025,
+           finish_reasons=["length"])
+
+
+def test_chat_stream_with_thinking_window() -> None:
+    events = stream(RT, "chat_stream.ndjson")
+    assert len(window(events)) < len(events)  # the window really drops events
+    _, c = from_stream(r.API_OLLAMA_CHAT, RT, "chat_stream.ndjson")
+    expect(c, runtime="ollama", load_duration=0.002, total_duration=0.812, prompt_tokens=12,
+           prompt_eval_duration=0.06, prompt_eval_rate=200.0, generation_tokens=32,
+           generation_duration=0.64, generation_rate=50.0, time_per_output_token=0.02,
+           finish_reasons=["stop"])
+
+
+def test_missing_prompt_counters_stay_none() -> None:
+    """Older Ollama omitted prompt_eval_count on cached prompts: None, never 0."""
+    _, c = from_body(r.API_OLLAMA_GENERATE, RT, "generate_cached_prompt.json")
+    expect(c, runtime="ollama", load_duration=0.001345678, total_duration=0.412345678,
+           generation_tokens=9, generation_duration=0.3, generation_rate=30.0,
+           time_per_output_token=1 / 30, finish_reasons=["stop"])
+
+
+@pytest.mark.parametrize("name, reason", [("load.json", "load"), ("unload.json", "unload")])
+def test_load_and_unload_have_no_counters(name: str, reason: str) -> None:
+    _, c = from_body(r.API_OLLAMA_GENERATE, RT, name)
+    expect(c, runtime="ollama", finish_reasons=[reason])
+
+
+def test_bad_values_dropped() -> None:
+    """2e16 ns (> 1e7 s), negative, 2e9 tokens, a string count and NaN are all dropped;
+    an integral float (1.5e8 ns) is fine."""
+    _, c = from_stream(r.API_OLLAMA_GENERATE, RT, "bad_values.ndjson")
+    expect(c, runtime="ollama", prompt_eval_duration=0.15, finish_reasons=["stop"])
+
+
+def test_bad_values_built_directly() -> None:
+    native = {"ollama": {
+        "total_duration": "1500000000", "load_duration": True, "eval_count": 3.5,
+        "eval_duration": float("nan"), "prompt_eval_count": None,
+        "prompt_eval_duration": -1, "extra": {"nested": [1, 2]},
+    }}
+    expect(runtime_counters(ResponseInfo(native=native, runtime="ollama")),
+           runtime="ollama", total_duration=1.5)
+
+
+def test_error_mid_stream() -> None:
+    info, c = from_stream(r.API_OLLAMA_GENERATE, RT, "error_stream.ndjson")
+    assert info.error.startswith("an error was encountered")
+    expect(c)
+
+
+def test_truncated_final_line() -> None:
+    info, c = from_stream(r.API_OLLAMA_GENERATE, RT, "truncated_stream.ndjson")
+    assert info.response_model == "llama3.2:1b"
+    expect(c)
+
+
+def test_route_runtime_without_counters() -> None:
+    """A caller that knows the runtime (route /api/chat) but got no final line."""
+    expect(runtime_counters(ResponseInfo(runtime="ollama")), runtime="ollama")
