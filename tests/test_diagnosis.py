@@ -186,3 +186,33 @@ def test_synthesized_spans_stay_inside_and_never_overlap(prefill, load, queue, d
         assert lower <= span.start_ns < span.end_ns <= upper
     for before, after in zip(spans, spans[1:]):
         assert before.end_ns <= after.start_ns
+
+
+def _phases(**durations_ms: float) -> list:
+    from otel_llm.build.phases import Phase
+
+    names = {"dns": sc.SPAN_DNS, "connect": sc.SPAN_CONNECT, "tls": sc.SPAN_TLS, "upload": sc.SPAN_UPLOAD,
+             "pool": sc.SPAN_POOL_WAIT, "wait": sc.SPAN_SERVER_WAIT, "first": sc.SPAN_FIRST_TOKEN,
+             "decode": sc.SPAN_DECODE, "download": sc.SPAN_DOWNLOAD}
+    phases, cursor = [], 0
+    for key, ms in durations_ms.items():
+        phases.append(Phase(names[key], cursor, cursor + int(ms * 1e6), True))
+        cursor += int(ms * 1e6)
+    return phases
+
+
+def test_bottleneck_categories() -> None:
+    from otel_llm.build.diagnosis import bottleneck
+
+    slow_tls = _phases(dns=5, connect=80, tls=300, upload=5, wait=50, first=100, decode=200)
+    assert bottleneck(slow_tls, None, None, True, False, 0) == "network"
+    bursty = _phases(upload=1, wait=10, first=50, decode=900)
+    assert bottleneck(bursty, None, None, True, True, 0) == "buffering"
+    assert bottleneck(bursty, None, None, True, False, 0) == "decode"
+    no_counters_busy = _phases(upload=1, wait=800, first=100, decode=300)
+    assert bottleneck(no_counters_busy, None, None, True, False, 2) == "queue"
+    assert bottleneck(no_counters_busy, None, None, True, False, 0) == "prefill"
+    big_body = _phases(upload=1, wait=100, download=700)
+    assert bottleneck(big_body, None, None, False, None, 0) == "download"
+    counters = RuntimeCounters(prompt_eval_duration=0.6, generation_duration=0.2, load_duration=0.05)
+    assert bottleneck(_phases(upload=1, wait=900, download=1), 0.05, counters, False, None, 0) == "prefill"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -30,6 +31,7 @@ _HOSTED_PROVIDERS = {
 }
 
 
+@functools.lru_cache(maxsize=256)  # an application calls the same few URLs over and over
 def sanitize_url(url: str) -> str:
     """``url`` without user info and with secret-looking query values redacted."""
     parts = urlsplit(url)

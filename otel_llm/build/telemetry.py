@@ -5,7 +5,6 @@ timeline, the span tree (see ``spans``) and the metrics.
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -60,7 +59,7 @@ class Telemetry:
         )
         self._llm_routes = tuple(settings.llm_routes)
         self._sink = make_sink(self.tracer)
-        self.live: weakref.WeakSet[LlmCall] = weakref.WeakSet()  # calls not finished yet
+        self.live: dict[int, LlmCall] = {}  # calls not finished yet, by id()
 
     # -- start ---------------------------------------------------------------------------------
     def start_call(self, request: Any) -> LlmCall | None:
@@ -79,7 +78,7 @@ class Telemetry:
         call.runtime_configured = configured is not None
         call.admission = self.in_flight.admit(
             (url.host, url.port or 0), body, request.headers, info.model, _unloads(info))
-        self.live.add(call)
+        self.live[id(call)] = call
         provider = attr_build.provider_name(call.runtime, url.host, route.api)
         attrs = attr_build.request_attributes(call, provider, self.settings.capture_content)
         call.span = span = self._sink.start(attr_build.span_name(route.operation, info.model), attrs, call.epoch0)
@@ -93,7 +92,7 @@ class Telemetry:
 
     def finish_live_calls(self) -> None:
         """End the calls still open (at process exit), so their spans are exported too."""
-        for call in list(self.live):
+        for call in list(self.live.values()):
             call.finish(END_EXIT)
 
     def _configured_runtime(self, url: str) -> str | None:
@@ -122,7 +121,8 @@ class Telemetry:
         if response is not None:
             # vLLM leaves no trace in its responses: a configured or route-implied runtime stands in
             response.runtime = response.runtime or call.runtime
-            counters = runtime_counters(response, call.response_headers)
+            if response.runtime or response.native or _TGI_HINT in call.response_headers:
+                counters = runtime_counters(response, call.response_headers)
         synthesized = self._runtime_evidence(call, counters, phases, first_token, attrs)
         children = phases + synthesized
         self._sink.finish(call, span, error, children, [_phase_attributes(call, p) for p in children])
@@ -193,6 +193,7 @@ class Telemetry:
         attr_build.response_attributes(response, attrs, self.settings.capture_content)
 
 
+_TGI_HINT = "x-compute-type"  # sent by TGI on every answer, streamed or not
 _SYNTHESIZED = {sc.LLM_SYNTHESIZED: True}
 _SYNTHESIZED_NAMES = frozenset({sc.SPAN_RUNTIME_QUEUE, sc.SPAN_RUNTIME_LOAD, sc.SPAN_RUNTIME_PREFILL,
                                 sc.SPAN_RUNTIME_DECODE})

@@ -182,7 +182,7 @@ class LlmCall:
             self.exception = exc
             if self.chunks:
                 self.fold()
-            self.telemetry.live.discard(self)
+            self.telemetry.live.pop(id(self), None)
             self.telemetry.release(self)
             self.telemetry.emit(self)
         except Exception:

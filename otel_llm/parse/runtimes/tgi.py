@@ -50,6 +50,9 @@ def tgi_headers(headers: Mapping[str, str] | None) -> dict[str, object]:
     """The TGI x-* headers among ``headers``, names lower-cased; {} for anything odd."""
     if not headers or not hasattr(headers, "items"):
         return {}
+    if type(headers) is dict and all(type(k) is str and k.islower() for k in headers):
+        # the capture layer's lower-cased dict: look the names up instead of scanning
+        return {name: headers[name] for name in HEADER_NAMES if name in headers}
     found: dict[str, object] = {}
     for n, (k, v) in enumerate(headers.items()):
         if n >= _MAX_HEADERS:
