@@ -1,0 +1,20 @@
+"""The README stays honest about what is read from each runtime and about its option table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from otel_llm.config import ENV_VARS
+from otel_llm.parse.runtimes import SOURCES
+
+README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+
+
+def test_runtime_table_matches_the_adapters() -> None:
+    for runtime, source in SOURCES.items():
+        assert f"| {runtime} | {source} |" in README, runtime
+
+
+def test_every_option_and_variable_is_documented() -> None:
+    for option, variable in ENV_VARS.items():
+        assert f"| `{option}` | `{variable}`" in README, option
