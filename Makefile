@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.otel-llm-installed
 
-.PHONY: demo test bench venv clean
+.PHONY: demo demo-sim test bench venv clean
 
 venv: $(STAMP)
 
@@ -12,10 +12,14 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m otel_llm.testing prepare
 	touch $(STAMP)
 
 demo: venv
 	$(PY) examples/demo.py
+
+demo-sim: venv
+	$(PY) examples/demo_sim.py
 
 test: venv
 	$(PY) -m pytest -q -p no:cacheprovider

@@ -30,6 +30,7 @@ __all__ = [
     "decode_any_value",
     "encode_any_value",
     "encode_spans",
+    "flatten_spans",
     "read_jsonl",
 ]
 
@@ -300,7 +301,15 @@ def _flatten_span(span: Mapping[str, Any], resource: dict[str, Any], scope: dict
 
 def _spans_in_line(line: str) -> list[dict[str, Any]]:
     """Decode one line completely, so a bad line yields nothing rather than half its spans."""
-    request = json.loads(line)
+    return _flatten_request(json.loads(line))
+
+
+def flatten_spans(spans: Sequence[ReadableSpan]) -> list[dict[str, Any]]:
+    """SDK spans as the flattened dicts that ``read_jsonl`` yields (for in-process viewers)."""
+    return _flatten_request(json.loads(json.dumps(encode_spans(spans))))
+
+
+def _flatten_request(request: Mapping[str, Any]) -> list[dict[str, Any]]:
     out = []
     for rs in request["resourceSpans"]:
         resource = _decode_attributes((rs.get("resource") or {}).get("attributes"))

@@ -1,4 +1,4 @@
-"""`make demo` runs examples/demo.py: it must trace its four calls and draw them."""
+"""`make demo-sim` runs examples/demo_sim.py: it must trace its four calls and draw them."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from otel_llm.export.jsonl import read_jsonl
 
-DEMO = Path(__file__).resolve().parents[1] / "examples" / "demo.py"
+DEMO = Path(__file__).resolve().parents[1] / "examples" / "demo_sim.py"
 
 
 def test_demo_traces_and_draws_four_calls(tmp_path: Path) -> None:
