@@ -142,3 +142,19 @@ def test_long_prompt_costs_prefill_time(server: LlamaServer, otel: Otel) -> None
     assert (long.attributes[sc.LLM_CLIENT_TIME_TO_FIRST_TOKEN] - short.attributes[sc.LLM_CLIENT_TIME_TO_FIRST_TOKEN]
             >= 0.8 * (long.attributes[sc.LLM_RUNTIME_PROMPT_EVAL_DURATION]
                       - short.attributes[sc.LLM_RUNTIME_PROMPT_EVAL_DURATION]))
+
+
+def test_a_server_that_cannot_start_says_why() -> None:
+    from otel_llm.testing import LlamaServerError
+
+    with pytest.raises(LlamaServerError) as failure:
+        LlamaServer(extra_args=["--no-such-option"], startup_timeout=60).start()
+    assert "llama-server exited" in str(failure.value)
+    assert "no-such-option" in str(failure.value)  # the server's own complaint is in the message
+
+
+def test_the_build_is_portable() -> None:
+    from otel_llm.testing.llamacpp import cmake_args
+
+    assert "-DGGML_NATIVE=OFF" in cmake_args()
+    assert "AVX512" not in cmake_args() and "AMX" not in cmake_args()
