@@ -87,6 +87,8 @@ def test_repeated_prompt_reads_from_the_cache(server: LlamaServer, otel: Otel) -
     _chat(server, prompt, max_tokens=4)
     _chat(server, prompt, max_tokens=4)
     first, second = sorted(otel.calls(), key=lambda c: c.start_time)
+    for call in (first, second):
+        _consistent(otel, call)
     # the first call can reuse only the chat template's opening tokens; the second, the whole prompt
     assert first.attributes.get(sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, 0) < 5
     assert second.attributes[sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] > 30
@@ -129,6 +131,8 @@ def test_second_concurrent_call_queues_in_the_single_slot(server: LlamaServer, o
     queued = second.attributes[sc.LLM_DIAGNOSIS_UNACCOUNTED_WAIT]
     assert queued > 0.5 * first.attributes[sc.LLM_RUNTIME_GENERATION_DURATION]
     assert second.attributes[sc.LLM_DIAGNOSIS_BOTTLENECK] == "queue"
+    for call in (first, second):
+        _consistent(otel, call)
 
 
 def test_long_prompt_costs_prefill_time(server: LlamaServer, otel: Otel) -> None:
@@ -142,6 +146,8 @@ def test_long_prompt_costs_prefill_time(server: LlamaServer, otel: Otel) -> None
     assert (long.attributes[sc.LLM_CLIENT_TIME_TO_FIRST_TOKEN] - short.attributes[sc.LLM_CLIENT_TIME_TO_FIRST_TOKEN]
             >= 0.8 * (long.attributes[sc.LLM_RUNTIME_PROMPT_EVAL_DURATION]
                       - short.attributes[sc.LLM_RUNTIME_PROMPT_EVAL_DURATION]))
+    for call in (short, long):
+        _consistent(otel, call)
 
 
 def test_a_server_that_cannot_start_says_why() -> None:
