@@ -26,6 +26,10 @@ ENV_VARS: dict[str, str] = {
     "llm_routes": "OTEL_LLM_LLM_ROUTES",
     "traces_file": "OTEL_LLM_TRACES_FILE",
     "console_summary": "OTEL_LLM_CONSOLE_SUMMARY",
+    "host_metrics": "OTEL_LLM_HOST_METRICS",
+    "gpu_metrics": "OTEL_LLM_GPU_METRICS",
+    "runtime_metrics": "OTEL_LLM_RUNTIME_METRICS",
+    "sample_interval": "OTEL_LLM_SAMPLE_INTERVAL",
 }
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -43,6 +47,10 @@ class Options:
     llm_routes: Sequence[str] = ()
     traces_file: str = DEFAULT_TRACES_FILE
     console_summary: bool = True
+    host_metrics: bool = True
+    gpu_metrics: bool = True
+    runtime_metrics: bool = True
+    sample_interval: float = 1.0
 
 
 def _warn(name: str, value: Any, why: str) -> None:
@@ -59,6 +67,17 @@ def _parse_bool(name: str, value: Any, default: bool) -> bool:
         return False
     _warn(name, value, "expected true or false")
     return default
+
+
+def _parse_interval(name: str, value: Any, default: float) -> float:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if not 0.05 <= seconds <= 3600:  # also rejects NaN
+        _warn(name, value, "expected seconds between 0.05 and 3600")
+        return default
+    return seconds
 
 
 def _parse_runtimes(name: str, value: Any) -> dict[str, str]:
@@ -102,8 +121,10 @@ def resolve(kwargs: Mapping[str, Any], environ: Mapping[str, str] | None = None)
 
 def _apply(options: Options, raw: Mapping[str, Any]) -> None:
     for name, value in raw.items():
-        if name in ("capture_content", "console_summary"):
+        if name in ("capture_content", "console_summary", "host_metrics", "gpu_metrics", "runtime_metrics"):
             setattr(options, name, _parse_bool(name, value, getattr(options, name)))
+        elif name == "sample_interval":
+            options.sample_interval = _parse_interval(name, value, options.sample_interval)
         elif name == "runtimes":
             options.runtimes = _parse_runtimes(name, value)
         elif name == "llm_routes":

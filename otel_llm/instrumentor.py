@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import importlib
 from typing import Any, Collection, Iterator
+from urllib.parse import urlsplit
 
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 from wrapt import wrap_function_wrapper
@@ -16,8 +17,9 @@ from wrapt import wrap_function_wrapper
 from otel_llm._log import logger
 from otel_llm.build.telemetry import CallSettings, Telemetry
 from otel_llm.capture import dns, transport
-from otel_llm.config import resolve
+from otel_llm.config import Options, resolve
 from otel_llm.export.providers import Providers, build_providers
+from otel_llm.observers.manager import Observers
 from otel_llm.package import _instruments
 
 # (httpx-like module, its httpcore-like module)
@@ -28,6 +30,18 @@ _telemetry: Telemetry | None = None
 
 def current_telemetry() -> Telemetry | None:
     return _telemetry
+
+
+def _start_observers(options: Options, meter_provider: Any) -> Observers | None:
+    if not (options.host_metrics or options.gpu_metrics or options.runtime_metrics):
+        return None
+    runtimes = {}
+    for base, name in options.runtimes.items():
+        parts = urlsplit(base)
+        if parts.hostname:
+            runtimes[(parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))] = name
+    return Observers(meter_provider, host=options.host_metrics, gpu=options.gpu_metrics,
+                     runtime=options.runtime_metrics, interval=options.sample_interval, runtimes=runtimes)
 
 
 def _optional_module(name: str) -> Any:
@@ -76,6 +90,7 @@ class OtelLlmInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     """Traces model calls made through httpx and httpx2 (sync and async)."""
 
     _providers: Providers | None = None
+    _observers: Observers | None = None
     _patched: list[tuple[Any, str]] = []
 
     def instrumentation_dependencies(self) -> Collection[str]:
@@ -86,7 +101,8 @@ class OtelLlmInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         options = resolve(kwargs)
         providers = build_providers(options)
         settings = CallSettings(options.capture_content, options.runtimes, options.llm_routes)
-        _telemetry = Telemetry(providers.tracer_provider, providers.meter_provider, settings)
+        self._observers = _start_observers(options, providers.meter_provider)
+        _telemetry = Telemetry(providers.tracer_provider, providers.meter_provider, settings, self._observers)
         self._providers = providers
         self._patched = []
         for client_name, core_name in _CLIENT_LIBRARIES:
@@ -129,6 +145,9 @@ class OtelLlmInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             _remove_layer(owner, method)
         self._patched = []
         _telemetry = None
+        if self._observers is not None:
+            self._observers.stop()
+            self._observers = None
         if self._providers is not None:
             self._providers.shutdown()
             self._providers = None

@@ -82,6 +82,18 @@ LLM_DIAGNOSIS_CONCURRENT_REQUESTS = "llm.diagnosis.concurrent_requests"
 LLM_DIAGNOSIS_RETRY = "llm.diagnosis.retry"
 LLM_DIAGNOSIS_BOTTLENECK = "llm.diagnosis.bottleneck"
 
+# --- otel_llm: host and runtime evidence for the call's own time window -----------------------
+LLM_HOST_CPU_UTILIZATION = "llm.host.cpu.utilization"
+LLM_HOST_MEMORY_UTILIZATION = "llm.host.memory.utilization"
+LLM_HOST_PAGING_MAJOR_FAULTS = "llm.host.paging.major_faults"
+LLM_HOST_SWAP_IN = "llm.host.swap.in"
+LLM_HOST_SWAP_OUT = "llm.host.swap.out"
+LLM_HOST_GPU_UTILIZATION = "llm.host.gpu.utilization"
+LLM_HOST_GPU_MEMORY_USAGE = "llm.host.gpu.memory.usage"
+LLM_RUNTIME_REQUESTS_RUNNING = "llm.runtime.requests.running"
+LLM_RUNTIME_REQUESTS_WAITING = "llm.runtime.requests.waiting"
+LLM_RUNTIME_KV_CACHE_USAGE = "llm.runtime.kv_cache.usage"
+
 # --- phase (child) span names --------------------------------------------------------------
 SPAN_POOL_WAIT = "http.pool_wait"
 SPAN_DNS = "http.dns"

@@ -41,3 +41,11 @@ def test_bad_values_are_logged_and_ignored(caplog) -> None:
     assert options.protocol is None and options.capture_content is False and options.runtimes == {}
     text = caplog.text
     assert "carrier-pigeon" in text and "maybe" in text and "unknown option" in text and "BASE_URL=RUNTIME" in text
+
+
+def test_observer_switches_and_interval() -> None:
+    options = resolve({"gpu_metrics": False}, environ={"OTEL_LLM_HOST_METRICS": "off", "OTEL_LLM_SAMPLE_INTERVAL": "0.5"})
+    assert (options.host_metrics, options.gpu_metrics, options.runtime_metrics) == (False, False, True)
+    assert options.sample_interval == 0.5
+    assert resolve({"sample_interval": "nan"}, environ={}).sample_interval == 1.0
+    assert resolve({"sample_interval": 0}, environ={}).sample_interval == 1.0

@@ -6,7 +6,7 @@ timeline, the span tree (see ``spans``) and the metrics.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from opentelemetry import propagate, trace
 from opentelemetry.metrics import MeterProvider
@@ -32,6 +32,9 @@ from otel_llm.parse.routes import match_route
 from otel_llm.parse.runtimes import RuntimeCounters, runtime_counters
 from otel_llm.version import __version__
 
+if TYPE_CHECKING:
+    from otel_llm.observers.manager import Observers
+
 _NS = 1e-9
 _INTERNAL_TIMINGS = frozenset({"duration", "time_per_chunk"})  # metric inputs, not attributes
 
@@ -48,7 +51,8 @@ class CallSettings:
 class Telemetry:
     """Tracer, instruments and settings shared by every call while instrumented."""
 
-    def __init__(self, tracer_provider: TracerProvider, meter_provider: MeterProvider, settings: CallSettings) -> None:
+    def __init__(self, tracer_provider: TracerProvider, meter_provider: MeterProvider, settings: CallSettings,
+                 observers: Observers | None = None) -> None:
         self.tracer = tracer_provider.get_tracer(sc.INSTRUMENTATION_NAME, __version__)
         self.in_flight = InFlight()
         self.metrics = CallMetrics(meter_provider, self.in_flight)
@@ -59,6 +63,7 @@ class Telemetry:
         )
         self._llm_routes = tuple(settings.llm_routes)
         self._sink = make_sink(self.tracer)
+        self.observers = observers
         self.live: dict[int, LlmCall] = {}  # calls not finished yet, by id()
 
     # -- start ---------------------------------------------------------------------------------
@@ -82,9 +87,19 @@ class Telemetry:
         provider = attr_build.provider_name(call.runtime, url.host, route.api)
         attrs = attr_build.request_attributes(call, provider, self.settings.capture_content)
         call.span = span = self._sink.start(attr_build.span_name(route.operation, info.model), attrs, call.epoch0)
+        if self.observers is not None:
+            self._note_server(call, span.attributes)
         carrier = span.live if span.live is not None else trace.NonRecordingSpan(span.context)
         propagate.inject(request.headers, context=trace.set_span_in_context(carrier))
         return call
+
+    def _note_server(self, call: LlmCall, attrs: dict[str, Any]) -> None:
+        """Let the observers watch this server; note what its runtime had queued."""
+        host, port = call.admission.server
+        self.observers.registry.note(host, port, call.runtime)
+        waiting = self.observers.waiting_at_start(host, port)
+        if waiting is not None:
+            attrs[sc.LLM_RUNTIME_REQUESTS_WAITING] = waiting
 
     def release(self, call: LlmCall) -> None:
         if call.admission is not None:
@@ -124,6 +139,8 @@ class Telemetry:
             if response.runtime or response.native or _TGI_HINT in call.response_headers:
                 counters = runtime_counters(response, call.response_headers)
         synthesized = self._runtime_evidence(call, counters, phases, first_token, attrs)
+        if self.observers is not None:
+            attrs.update(self.observers.call_attributes(call.t0, call.t_end))
         children = phases + synthesized
         self._sink.finish(call, span, error, children, [_phase_attributes(call, p) for p in children])
         try:

@@ -1,0 +1,1 @@
+"""Observers: host, GPU and runtime-state evidence as metrics, and per-call correlation."""

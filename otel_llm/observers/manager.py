@@ -1,0 +1,94 @@
+"""Start, correlate and stop the observers for one instrumentation session.
+
+Each observer is optional (``host_metrics``, ``gpu_metrics``, ``runtime_metrics``) and any one
+that fails to start is logged once and left off: observers never stop ``instrument()``.
+What a model call gets from them is read from memory only (the sampler's ring buffer and the
+runtime poller's latest state), so the per-call cost is a few dictionary lookups.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from otel_llm import semconv as sc
+from otel_llm._log import log_once
+from otel_llm.observers.registry import ServerRegistry
+from otel_llm.version import __version__
+
+
+class Observers:
+    """The observers of one session and the per-call evidence they provide."""
+
+    def __init__(self, meter_provider: Any, host: bool = True, gpu: bool = True, runtime: bool = True,
+                 interval: float = 1.0, runtimes: dict[tuple[str, int], str] | None = None) -> None:
+        self.registry = ServerRegistry()
+        for (address, port), name in (runtimes or {}).items():
+            self.registry.note(address, port, name)
+        meter = meter_provider.get_meter(sc.INSTRUMENTATION_NAME, __version__)
+        self._stoppable: list[Any] = []
+        self.runtime_state = _try("runtime-state observer", self._runtime, meter) if runtime else None
+        self.gpu = _try("GPU observer", self._gpu, meter) if gpu else None
+        self.sampler = _try("host observer", self._host, meter, interval) if host else None
+
+    def _runtime(self, meter: Any) -> Any:
+        from otel_llm.observers.runtime_state import RuntimeStateObserver
+
+        observer = RuntimeStateObserver(meter, self.registry)
+        observer.start()
+        self._stoppable.append(observer)
+        return observer
+
+    def _gpu(self, meter: Any) -> Any:
+        from otel_llm.observers.gpu import GpuObserver
+
+        observer = GpuObserver.create(meter)
+        if observer is not None:
+            self._stoppable.append(observer)
+        return observer
+
+    def _host(self, meter: Any, interval: float) -> Any:
+        from otel_llm.observers.host import HostObserver
+        from otel_llm.observers.processes import RuntimeProcesses
+        from otel_llm.observers.sampler import HostSampler
+
+        HostObserver(meter, RuntimeProcesses(self.registry))
+        probes = [self.gpu.sample] if self.gpu is not None else []
+        sampler = HostSampler(interval=interval, probes=probes)
+        sampler.start()
+        self._stoppable.append(sampler)
+        return sampler
+
+    # -- per call --------------------------------------------------------------------------------
+    def waiting_at_start(self, host: str, port: int) -> int | None:
+        """Requests the runtime reported waiting, at its latest poll before this call."""
+        if self.runtime_state is None:
+            return None
+        waiting = self.runtime_state.latest_state(host, port).get("requests.waiting")
+        if isinstance(waiting, (int, float)) and not isinstance(waiting, bool) and math.isfinite(waiting):
+            return int(waiting)
+        return None
+
+    def call_attributes(self, start_ns: int, end_ns: int) -> dict[str, Any]:
+        """The llm.host.* evidence for a call that ran in [start_ns, end_ns] (perf-counter ns)."""
+        if self.sampler is None:
+            return {}
+        return self.sampler.window_attributes(start_ns, end_ns)
+
+    def stop(self) -> None:
+        for observer in reversed(self._stoppable):
+            method = getattr(observer, "stop", None) or getattr(observer, "shutdown", None)
+            try:
+                if method is not None:
+                    method()
+            except Exception:
+                log_once("stopping an observer failed")
+        self._stoppable.clear()
+
+
+def _try(what: str, start: Any, *args: Any) -> Any:
+    try:
+        return start(*args)
+    except Exception:
+        log_once(f"the {what} could not start; it stays off")
+        return None

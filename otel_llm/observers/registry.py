@@ -1,0 +1,44 @@
+"""The model servers that observers look at: configured ones and those that calls went to."""
+
+from __future__ import annotations
+
+import threading
+from typing import NamedTuple
+
+
+class Server(NamedTuple):
+    host: str
+    port: int
+    runtime: str | None  # "ollama", "llama.cpp", "vllm", "tgi", "sglang", "lmstudio", or None
+
+    @property
+    def base_url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def is_local(self) -> bool:
+        """On this host (a runtime process can only be found, and inspected, here)."""
+        return self.host in ("localhost", "127.0.0.1", "::1", "0.0.0.0") or self.host.startswith("127.")
+
+
+class ServerRegistry:
+    """Thread-safe set of servers; ``note`` is on every model call, so its common case is a
+    single dict lookup."""
+
+    def __init__(self) -> None:
+        self._servers: dict[tuple[str, int], str | None] = {}
+        self._lock = threading.Lock()
+
+    def note(self, host: str, port: int, runtime: str | None) -> None:
+        key = (host, port)
+        known = self._servers.get(key, ...)
+        if known == runtime or (known is not ... and runtime is None):
+            return
+        with self._lock:
+            if runtime is not None or key not in self._servers:
+                self._servers[key] = runtime
+
+    def servers(self) -> list[Server]:
+        with self._lock:
+            return [Server(host, port, runtime) for (host, port), runtime in self._servers.items()]
