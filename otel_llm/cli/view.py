@@ -218,13 +218,15 @@ def render_call(call: ModelCall, width: int = 100, ascii: bool = False) -> str:
     name_width = min(_NAME_MAX, max(_NAME_MIN, *(len(n) for n in names)))
     bar_width = max(_MIN_BAR, width - (2 + name_width + 1 + 10 + 1 + 9 + 1 + 2))
     total = call.duration_ns
-    lines = _header(call, width)
-    for phase in call.phases:
-        lo = int(phase["startTimeUnixNano"]) - call.start_ns
-        hi = int(phase["endTimeUnixNano"]) - call.start_ns
+
+    def span_row(span: SpanDict, char: str) -> str:
+        lo = int(span["startTimeUnixNano"]) - call.start_ns
+        hi = int(span["endTimeUnixNano"]) - call.start_ns
         cells = [" "] * bar_width
-        _paint(cells, max(0, lo), min(total, hi), total, full)
-        lines.append(_row(str(phase.get("name", ""))[:name_width], lo, max(0, hi - lo), cells, name_width, edge))
+        _paint(cells, max(0, lo), min(total, hi), total, char)
+        return _row(str(span.get("name", ""))[:name_width], lo, max(0, hi - lo), cells, name_width, edge)
+
+    lines = _header(call, width) + [span_row(phase, full) for phase in call.phases]
     gaps = _gaps(call)
     missing = sum(hi - lo for lo, hi in gaps)
     if gaps and (not call.phases or missing > total * _GAP_SHARE):
@@ -234,12 +236,7 @@ def render_call(call: ModelCall, width: int = 100, ascii: bool = False) -> str:
         lines.append(_row(UNACCOUNTED, gaps[0][0], missing, cells, name_width, edge))
     if call.runtime:
         lines.append(f"  as the runtime reports it ({reported}):")
-        for span in call.runtime:
-            lo = int(span["startTimeUnixNano"]) - call.start_ns
-            hi = int(span["endTimeUnixNano"]) - call.start_ns
-            cells = [" "] * bar_width
-            _paint(cells, max(0, lo), min(total, hi), total, reported)
-            lines.append(_row(str(span.get("name", ""))[:name_width], lo, max(0, hi - lo), cells, name_width, edge))
+        lines.extend(span_row(span, reported) for span in call.runtime)
     return "\n".join(lines)
 
 
