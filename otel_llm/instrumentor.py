@@ -39,7 +39,8 @@ def _start_observers(options: Options, meter_provider: Any) -> Observers | None:
     for base, name in options.runtimes.items():
         parts = urlsplit(base)
         if parts.hostname:
-            runtimes[(parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))] = name
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+            runtimes[(parts.hostname, port, parts.scheme or "http")] = name
     return Observers(meter_provider, host=options.host_metrics, gpu=options.gpu_metrics,
                      runtime=options.runtime_metrics, interval=options.sample_interval, runtimes=runtimes)
 

@@ -73,7 +73,9 @@ def otel() -> Iterator[Otel]:
     """An instrumented process whose spans and metrics stay in memory."""
     reset_log_once()
     state = make_otel()
-    otel_llm.instrument(tracer_provider=state.tracer_provider, meter_provider=state.meter_provider)
+    # observers have their own tests; here they would only add background threads and probes
+    otel_llm.instrument(tracer_provider=state.tracer_provider, meter_provider=state.meter_provider,
+                        host_metrics=False, gpu_metrics=False, runtime_metrics=False)
     try:
         yield state
     finally:

@@ -43,6 +43,9 @@ class ChunkServer:
             while b"\r\n\r\n" not in data:
                 data += conn.recv(65536)
             head, _, body = data.partition(b"\r\n\r\n")
+            if not head.startswith(b"POST"):  # e.g. an observer probing /metrics: not ours to answer
+                conn.sendall(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                return
             length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
             while len(body) < length:
                 body += conn.recv(65536)

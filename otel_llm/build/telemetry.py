@@ -96,10 +96,8 @@ class Telemetry:
     def _note_server(self, call: LlmCall, attrs: dict[str, Any]) -> None:
         """Let the observers watch this server; note what its runtime had queued."""
         host, port = call.admission.server
-        self.observers.registry.note(host, port, call.runtime)
-        waiting = self.observers.waiting_at_start(host, port)
-        if waiting is not None:
-            attrs[sc.LLM_RUNTIME_REQUESTS_WAITING] = waiting
+        self.observers.registry.note(host, port, call.runtime, call.url.scheme)
+        attrs.update(self.observers.runtime_at_start(host, port))
 
     def release(self, call: LlmCall) -> None:
         if call.admission is not None:

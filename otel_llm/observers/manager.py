@@ -21,12 +21,14 @@ class Observers:
     """The observers of one session and the per-call evidence they provide."""
 
     def __init__(self, meter_provider: Any, host: bool = True, gpu: bool = True, runtime: bool = True,
-                 interval: float = 1.0, runtimes: dict[tuple[str, int], str] | None = None) -> None:
+                 interval: float = 1.0, runtimes: dict[tuple[str, int, str], str] | None = None) -> None:
         self.registry = ServerRegistry()
-        for (address, port), name in (runtimes or {}).items():
-            self.registry.note(address, port, name)
+        for (address, port, scheme), name in (runtimes or {}).items():
+            self.registry.note(address, port, name, scheme)
         meter = meter_provider.get_meter(sc.INSTRUMENTATION_NAME, __version__)
+        self._interval = interval
         self._stoppable: list[Any] = []
+        self.processes = _try("runtime process finder", self._processes) if (host or gpu) else None
         self.runtime_state = _try("runtime-state observer", self._runtime, meter) if runtime else None
         self.gpu = _try("GPU observer", self._gpu, meter) if gpu else None
         self.sampler = _try("host observer", self._host, meter, interval) if host else None
@@ -34,25 +36,32 @@ class Observers:
     def _runtime(self, meter: Any) -> Any:
         from otel_llm.observers.runtime_state import RuntimeStateObserver
 
-        observer = RuntimeStateObserver(meter, self.registry)
+        observer = RuntimeStateObserver(meter, self.registry, interval=max(self._interval, 0.2))
         observer.start()
         self._stoppable.append(observer)
         return observer
 
+    def _processes(self) -> Any:
+        from otel_llm.observers.processes import RuntimeProcesses
+
+        return RuntimeProcesses(self.registry)
+
+    def _runtime_pids(self) -> list[int]:
+        return [process.pid for process, _ in self.processes.processes()] if self.processes else []
+
     def _gpu(self, meter: Any) -> Any:
         from otel_llm.observers.gpu import GpuObserver
 
-        observer = GpuObserver.create(meter)
+        observer = GpuObserver.create(meter, pids=self._runtime_pids)
         if observer is not None:
             self._stoppable.append(observer)
         return observer
 
     def _host(self, meter: Any, interval: float) -> Any:
         from otel_llm.observers.host import HostObserver
-        from otel_llm.observers.processes import RuntimeProcesses
         from otel_llm.observers.sampler import HostSampler
 
-        HostObserver(meter, RuntimeProcesses(self.registry))
+        HostObserver(meter, self.processes)
         probes = [self.gpu.sample] if self.gpu is not None else []
         sampler = HostSampler(interval=interval, probes=probes)
         sampler.start()
@@ -60,14 +69,18 @@ class Observers:
         return sampler
 
     # -- per call --------------------------------------------------------------------------------
-    def waiting_at_start(self, host: str, port: int) -> int | None:
-        """Requests the runtime reported waiting, at its latest poll before this call."""
+    def runtime_at_start(self, host: str, port: int) -> dict[str, int]:
+        """Requests the runtime reported running and waiting at its latest poll before this call."""
         if self.runtime_state is None:
-            return None
-        waiting = self.runtime_state.latest_state(host, port).get("requests.waiting")
-        if isinstance(waiting, (int, float)) and not isinstance(waiting, bool) and math.isfinite(waiting):
-            return int(waiting)
-        return None
+            return {}
+        state = self.runtime_state.latest_state(host, port)
+        found = {}
+        for key, attribute in (("requests.running", sc.LLM_RUNTIME_REQUESTS_RUNNING),
+                               ("requests.waiting", sc.LLM_RUNTIME_REQUESTS_WAITING)):
+            value = state.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                found[attribute] = int(value)
+        return found
 
     def call_attributes(self, start_ns: int, end_ns: int) -> dict[str, Any]:
         """The llm.host.* evidence for a call that ran in [start_ns, end_ns] (perf-counter ns)."""

@@ -10,11 +10,12 @@ class Server(NamedTuple):
     host: str
     port: int
     runtime: str | None  # "ollama", "llama.cpp", "vllm", "tgi", "sglang", "lmstudio", or None
+    scheme: str = "http"
 
     @property
     def base_url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return f"{self.scheme}://{host}:{self.port}"
 
     @property
     def is_local(self) -> bool:
@@ -28,9 +29,10 @@ class ServerRegistry:
 
     def __init__(self) -> None:
         self._servers: dict[tuple[str, int], str | None] = {}
+        self._schemes: dict[tuple[str, int], str] = {}
         self._lock = threading.Lock()
 
-    def note(self, host: str, port: int, runtime: str | None) -> None:
+    def note(self, host: str, port: int, runtime: str | None, scheme: str = "http") -> None:
         key = (host, port)
         known = self._servers.get(key, ...)
         if known == runtime or (known is not ... and runtime is None):
@@ -38,7 +40,9 @@ class ServerRegistry:
         with self._lock:
             if runtime is not None or key not in self._servers:
                 self._servers[key] = runtime
+                self._schemes[key] = scheme
 
     def servers(self) -> list[Server]:
         with self._lock:
-            return [Server(host, port, runtime) for (host, port), runtime in self._servers.items()]
+            return [Server(host, port, runtime, self._schemes.get((host, port), "http"))
+                    for (host, port), runtime in self._servers.items()]

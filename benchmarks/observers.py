@@ -1,0 +1,130 @@
+"""CPU cost of the observers: one metric collection cycle with every observer on, and one tick of
+the host sampler.
+
+CPU is ``time.process_time()`` of this process (all its threads), the median over many cycles.
+The GPU and runtime-state observers are included when ``otel_llm.observers.gpu`` /
+``otel_llm.observers.runtime_state`` can be imported and started; the output says which were.
+With ``--llama`` a real llama-server runs and is registered, so discovery finds it by port and
+its process metrics are read in every cycle.
+
+The share of one core assumes the defaults: a sampler tick every second and one collection per
+60 s export interval. At that interval every collection also re-runs runtime-process discovery
+(cached for 10 s), so the share counts a cycle plus one discovery.
+
+    python benchmarks/observers.py [--cycles 200] [--ticks 1000] [--llama]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+from otel_llm.observers.host import HostObserver
+from otel_llm.observers.processes import RuntimeProcesses
+from otel_llm.observers.registry import ServerRegistry
+from otel_llm.observers.sampler import HostSampler
+
+EXPORT_INTERVAL = 60.0
+SAMPLER_INTERVAL = 1.0
+
+
+def median_cpu(action: Callable[[], Any], repeats: int) -> float:
+    """Median CPU seconds of one ``action()``."""
+    costs = []
+    for _ in range(repeats):
+        before = time.process_time()
+        action()
+        costs.append(time.process_time() - before)
+    return statistics.median(costs)
+
+
+def optional_observers(meter: Any, registry: ServerRegistry) -> tuple[list[str], list[Any]]:
+    """Start the GPU and runtime-state observers when they exist (as the manager does)."""
+    included: list[str] = []
+    started: list[Any] = []
+    try:
+        from otel_llm.observers.gpu import GpuObserver
+
+        gpu = GpuObserver.create(meter)
+        included.append("gpu" if gpu is not None else "gpu (no GPU found: nothing registered)")
+        if gpu is not None:
+            started.append(gpu)
+    except Exception as exc:  # not written yet, or no driver
+        included.append(f"gpu: left out ({type(exc).__name__}: {exc})")
+    try:
+        from otel_llm.observers.runtime_state import RuntimeStateObserver
+
+        runtime = RuntimeStateObserver(meter, registry)
+        runtime.start()
+        started.append(runtime)
+        included.append("runtime-state")
+    except Exception as exc:
+        included.append(f"runtime-state: left out ({type(exc).__name__}: {exc})")
+    return included, started
+
+
+@contextlib.contextmanager
+def maybe_llama(enabled: bool, registry: ServerRegistry) -> Iterator[None]:
+    if not enabled:
+        yield
+        return
+    from otel_llm.testing import LlamaServer
+
+    with LlamaServer() as server:
+        registry.note("127.0.0.1", server.port, "llama.cpp")
+        yield
+
+
+def run(cycles: int, ticks: int, llama: bool) -> None:
+    registry = ServerRegistry()
+    with maybe_llama(llama, registry):
+        reader = InMemoryMetricReader()
+        provider = MeterProvider(metric_readers=[reader])
+        meter = provider.get_meter("otel_llm")
+        processes = RuntimeProcesses(registry)
+        HostObserver(meter, processes)
+        included, started = optional_observers(meter, registry)
+        try:
+            reader.get_metrics_data()  # first cycle: discovery, instrument setup
+            found = [(proc.pid, runtime) for proc, runtime in processes.processes()]
+            cycle = median_cpu(reader.get_metrics_data, cycles)
+            discovery = median_cpu(processes.refresh, max(10, cycles // 10))
+        finally:
+            for observer in started:
+                stop = getattr(observer, "stop", None) or getattr(observer, "shutdown", None)
+                if stop is not None:
+                    stop()
+            provider.shutdown()
+    sampler = HostSampler(interval=SAMPLER_INTERVAL)
+    tick = median_cpu(sampler.sample_now, ticks)
+    cycle_discovery = cycle + discovery
+    share = (tick / SAMPLER_INTERVAL + cycle_discovery / EXPORT_INTERVAL) * 100
+
+    print("observers: host" + "".join(f", {name}" for name in included))
+    print(f"runtime processes found: {found or 'none'}")
+    print(f"one collection cycle: {cycle * 1e3:.3f} ms (target <= 2 ms)")
+    print(f"runtime-process discovery (at most every 10 s, when collected): {discovery * 1e3:.3f} ms")
+    print(f"one collection cycle with discovery: {cycle_discovery * 1e3:.3f} ms")
+    print(f"sampler tick: {tick * 1e3:.3f} ms")
+    print(f"at the default 1 s interval: {share:.3f} % of one core (target <= 0.2 %)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cycles", type=int, default=200)
+    parser.add_argument("--ticks", type=int, default=1000)
+    parser.add_argument("--llama", action="store_true", help="run and discover a real llama-server")
+    args = parser.parse_args(argv)
+    run(args.cycles, args.ticks, args.llama)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

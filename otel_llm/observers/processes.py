@@ -1,0 +1,212 @@
+"""Find the model runtime's process(es) on this host, so the host observer can report them.
+
+A local server in the registry is matched by its listening port; when that finds nothing (no
+local server yet, or the port's owner cannot be seen), processes are matched by known runtime
+names. Results are cached and refreshed at most every ``refresh_seconds``, or at once when the
+registry's servers change.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Sequence
+
+import psutil
+
+from otel_llm._log import log_once
+from otel_llm.observers.registry import Server, ServerRegistry
+
+RuntimeProcess = tuple[psutil.Process, str | None]
+
+# Executable names (lower case) -> runtime name, as Server.runtime spells it.
+_NAME_PREFIXES = (
+    ("ollama", "ollama"),  # "ollama serve" and its "ollama runner" children
+    ("llama-server", "llama.cpp"),
+    ("text-generation-launcher", "tgi"),
+    ("text-generation-router", "tgi"),
+    ("text-generation-server", "tgi"),
+    ("lm studio", "lmstudio"),
+    ("lm-studio", "lmstudio"),
+    ("lmstudio", "lmstudio"),
+)
+_EXACT_NAMES = {"lms": "lmstudio", "vllm": "vllm", "sglang": "sglang"}
+# Python runtimes run as "python ... vllm ..."; match the module or script, not any argument
+# that mentions the word (a test file named test_vllm.py is not vLLM).
+_PYTHON_MODULES = {"vllm": "vllm", "sglang": "sglang", "text_generation_server": "tgi", "llama_cpp": "llama.cpp"}
+# Process titles some runtimes set on their workers (vLLM "VLLM::EngineCore", "sglang::scheduler").
+_TITLE_PREFIXES = (("vllm::", "vllm"), ("sglang::", "sglang"))
+
+
+def runtime_for_name(name: str, cmdline: Sequence[str] | None = None) -> str | None:
+    """The runtime a process is, from its executable name (and command line for Python)."""
+    lowered = name.lower()
+    if lowered in _EXACT_NAMES:
+        return _EXACT_NAMES[lowered]
+    for prefix, runtime in _NAME_PREFIXES + _TITLE_PREFIXES:
+        if lowered.startswith(prefix):
+            return runtime
+    if lowered.startswith("python") and cmdline:
+        return _python_runtime(cmdline)
+    return None
+
+
+def _python_runtime(cmdline: Sequence[str]) -> str | None:
+    """``python -m vllm.entrypoints...`` or ``python /usr/bin/vllm serve ...``."""
+    args = list(cmdline[1:])
+    for index, arg in enumerate(args):
+        if arg == "-m" and index + 1 < len(args):
+            return _PYTHON_MODULES.get(args[index + 1].split(".")[0])
+        if arg.startswith("-"):
+            continue
+        return _PYTHON_MODULES.get(os.path.basename(arg).removesuffix(".py"))
+    return None
+
+
+class RuntimeProcesses:
+    """The runtime processes on this host, cached; ``processes()`` is cheap between refreshes."""
+
+    def __init__(self, registry: ServerRegistry, refresh_seconds: float = 10.0) -> None:
+        self.registry = registry
+        self.refresh_seconds = refresh_seconds
+        self._found: dict[int, RuntimeProcess] = {}
+        self._listening: dict[int, psutil.Process] = {}  # port -> process, from the last refresh
+        self._signature: tuple[Server, ...] | None = None
+        self._refreshed_at: float | None = None
+        self._lock = threading.Lock()
+        self._own_pid = os.getpid()
+
+    def processes(self) -> list[RuntimeProcess]:
+        """(process, runtime name) for each runtime process found; refreshed when due."""
+        signature = tuple(sorted(s for s in self.registry.servers() if s.is_local))
+        with self._lock:
+            due = self._refreshed_at is None or time.monotonic() - self._refreshed_at >= self.refresh_seconds
+            if due or signature != self._signature:
+                self._refresh(signature)
+            return list(self._found.values())
+
+    def refresh(self) -> list[RuntimeProcess]:
+        """Discover again now, whatever the cache holds."""
+        with self._lock:
+            self._refreshed_at = None
+        return self.processes()
+
+    def discard(self, process: psutil.Process) -> None:
+        """Forget a process that went away (the observer saw NoSuchProcess)."""
+        with self._lock:
+            found = self._found.get(process.pid)
+            if found is not None and found[0] == process:
+                del self._found[process.pid]
+
+    def _refresh(self, signature: tuple[Server, ...]) -> None:
+        self._signature = signature
+        self._refreshed_at = time.monotonic()
+        try:
+            found = self._by_port(signature) if signature else {}
+            if not found:
+                found = self._by_name()
+        except Exception:
+            log_once("finding the runtime processes failed")
+            found = {}
+        self._found = {pid: (self._reuse(proc) or proc, runtime) for pid, (proc, runtime) in found.items()}
+
+    def _reuse(self, proc: psutil.Process | None) -> psutil.Process | None:
+        """Keep the same Process object across refreshes (psutil caches per object)."""
+        known = self._found.get(proc.pid) if proc is not None else None
+        return known[0] if known is not None and known[0] == proc else proc
+
+    # -- by listening port ------------------------------------------------------------------------
+    def _by_port(self, servers: Sequence[Server]) -> dict[int, RuntimeProcess]:
+        ports = {server.port: server.runtime for server in servers}
+        self._listening = self._still_listening(set(ports)) or self._listeners(set(ports))
+        found: dict[int, RuntimeProcess] = {}
+        for port, proc in self._listening.items():
+            runtime = ports[port] or _runtime_of(proc)
+            found[proc.pid] = (proc, runtime)
+            # Some runtimes hold the model in a child (ollama's runner, vLLM's engine core).
+            for child in _children(proc):
+                found.setdefault(child.pid, (child, runtime))
+        found.pop(self._own_pid, None)  # this process is reported on its own
+        return found
+
+    def _still_listening(self, ports: set[int]) -> dict[int, psutil.Process] | None:
+        """Last refresh's listeners while they all live: a process keeps its listening socket
+        for its lifetime, and the system-wide table costs milliseconds."""
+        if not self._listening or set(self._listening) != ports:
+            return None
+        if all(_alive(proc) for proc in self._listening.values()):
+            return self._listening
+        return None
+
+    def _listeners(self, ports: set[int]) -> dict[int, psutil.Process]:
+        """port -> the process listening on it, for ``ports``."""
+        try:
+            connections = psutil.net_connections(kind="tcp")
+        except psutil.AccessDenied:
+            # macOS and some hardened kernels need root for the system-wide table: ask each
+            # process we may inspect for its own sockets instead (only at refresh time).
+            return self._listeners_per_process(ports)
+        found: dict[int, psutil.Process] = {}
+        for c in connections:
+            if c.status == psutil.CONN_LISTEN and c.pid and c.laddr and c.laddr.port in ports:
+                proc = self._reuse(_process(c.pid))
+                if proc is not None:
+                    found[c.laddr.port] = proc
+        return found
+
+    def _listeners_per_process(self, ports: set[int]) -> dict[int, psutil.Process]:
+        found: dict[int, psutil.Process] = {}
+        for proc in psutil.process_iter():
+            for port in _listening_ports(proc) & ports:
+                found[port] = proc
+        return found
+
+    # -- by name ----------------------------------------------------------------------------------
+    def _by_name(self) -> dict[int, RuntimeProcess]:
+        found: dict[int, RuntimeProcess] = {}
+        for proc in psutil.process_iter(["name"]):
+            if proc.pid == self._own_pid:
+                continue
+            runtime = _runtime_of(proc, proc.info.get("name") or "")
+            if runtime is not None:
+                found[proc.pid] = (proc, runtime)
+        return found
+
+
+def _runtime_of(proc: psutil.Process, name: str | None = None) -> str | None:
+    """Match by name; read the command line only for Python processes (it costs a file read)."""
+    try:
+        name = name if name is not None else proc.name()
+        cmdline = proc.cmdline() if name.lower().startswith("python") else None
+        return runtime_for_name(name, cmdline)
+    except (psutil.Error, OSError):
+        return None
+
+
+def _listening_ports(proc: psutil.Process) -> set[int]:
+    try:
+        return {c.laddr.port for c in proc.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN and c.laddr}
+    except (psutil.Error, OSError):
+        return set()
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return bool(proc.is_running())  # also false when the pid was reused
+    except (psutil.Error, OSError):
+        return False
+
+
+def _process(pid: int) -> psutil.Process | None:
+    try:
+        return psutil.Process(pid)
+    except (psutil.Error, OSError):
+        return None
+
+
+def _children(proc: psutil.Process) -> list[psutil.Process]:
+    try:
+        return list(proc.children(recursive=True))
+    except (psutil.Error, OSError):
+        return []

@@ -1,0 +1,515 @@
+"""What each model server is doing, polled in the background: queue, KV cache, loaded models.
+
+``RuntimeStateObserver`` polls every server of the ``ServerRegistry`` from its own daemon thread
+(1 s timeouts) and keeps the newest state in memory; the OpenTelemetry callbacks and
+``latest_state`` only read that memory.
+
+What is polled, by runtime:
+
+* ``ollama``: ``GET /api/ps`` -> ``llm.runtime.model.loaded`` (1 per model),
+  ``llm.runtime.model.memory`` (By, ``llm.runtime.memory.location`` = total | vram),
+  ``llm.runtime.model.expires_in`` (s, computed at collection time, 0 once past).
+* ``llama.cpp`` (needs ``--metrics``), ``vllm``, ``tgi``, ``sglang``: ``GET /metrics``.
+* unknown runtime (None): both; an endpoint that is absent is backed off (below). A server
+  answering ``/api/ps`` with ``{"models": [...]}`` is treated as Ollama. Unknown-runtime servers
+  are only probed when they look self-hosted: loopback, a private IP, or a single-label host name
+  (``ollama``, ``vllm`` in a compose network); never port 443. Cloud APIs are left alone.
+* ``lmstudio``: nothing (it has neither endpoint).
+
+Prometheus re-emission. Parsed with ``prometheus_client.parser``. Every finite numeric sample is
+re-emitted as an observable instrument named after the *sample* with ``:`` replaced by ``.``
+(``llamacpp:requests_processing`` -> ``llamacpp.requests_processing``,
+``vllm:prompt_tokens_total`` -> ``vllm.prompt_tokens_total``, ``tgi_queue_size`` unchanged; a
+counter keeps the name as written, without the ``_total`` the parser appends to TGI's counters);
+leading ``_``/``.`` are dropped and a name OpenTelemetry rejects is skipped. Labels become
+attributes, plus ``server.address``, ``server.port`` and ``llm.runtime.name``. Counters ->
+ObservableCounter; gauges, untyped, info and stateset -> ObservableGauge; histograms and
+summaries -> their ``_sum`` and ``_count`` as ObservableCounters (buckets and quantiles are
+skipped: they multiply series and cannot become an OTel histogram from a callback);
+``_created`` timestamps are skipped. Instruments are created the first time a name is seen; the
+first kind seen for a name is kept for the process (OTel forbids re-creating a name with another
+kind) and a series that later arrives with another kind is dropped, logged once.
+
+Normalized gauges (``llm.runtime.requests.running`` / ``.waiting`` / ``llm.runtime.kv_cache.usage``)
+come from the first series present in ``NORMALIZED_SOURCES``; counts are summed over label sets
+(vLLM data-parallel engines), the KV-cache usage (0..1) is averaged.
+
+Failures (unreachable, HTTP error, malformed text, non-JSON) are logged once per
+(server, problem) and retried at the next poll; a failed endpoint's series stop being reported
+until it answers again. An endpoint answering 404/405/501 (or, for an unknown runtime, something
+that is not its format) is re-checked only every ``ABSENT_RETRY`` seconds.
+
+The polls are not model routes, so otel_llm's own instrumentation ignores them, and they run with
+OpenTelemetry's HTTP instrumentation suppressed (no span per poll from an application's
+opentelemetry-instrumentation-httpx). The client ignores proxy settings (``trust_env=False``).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import math
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import httpx
+from opentelemetry.instrumentation.utils import suppress_http_instrumentation
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
+from prometheus_client.parser import text_string_to_metric_families
+
+from otel_llm import semconv as sc
+from otel_llm._log import logger
+from otel_llm.observers.registry import Server, ServerRegistry
+
+from otel_llm.semconv import (  # noqa: F401 - names callers import from here too
+    METRIC_RUNTIME_REQUESTS_RUNNING, METRIC_RUNTIME_REQUESTS_WAITING,
+    METRIC_RUNTIME_KV_CACHE_USAGE, METRIC_RUNTIME_MODEL_LOADED, METRIC_RUNTIME_MODEL_MEMORY,
+    METRIC_RUNTIME_MODEL_EXPIRES_IN, LLM_RUNTIME_MEMORY_LOCATION,
+)
+
+# keys of latest_state()
+STATE_REQUESTS_RUNNING = "requests.running"
+STATE_REQUESTS_WAITING = "requests.waiting"
+STATE_KV_CACHE_USAGE = "kv_cache.usage"
+STATE_MODELS_LOADED = "models.loaded"
+STATE_TIMESTAMP = "timestamp"
+
+NORMALIZED_SOURCES: dict[str, tuple[str, ...]] = {
+    STATE_REQUESTS_RUNNING: ("llamacpp:requests_processing", "vllm:num_requests_running",
+                             "tgi_batch_current_size", "sglang:num_running_reqs"),
+    STATE_REQUESTS_WAITING: ("llamacpp:requests_deferred", "vllm:num_requests_waiting",
+                             "tgi_queue_size", "sglang:num_queue_reqs"),
+    STATE_KV_CACHE_USAGE: ("llamacpp:kv_cache_usage_ratio", "vllm:kv_cache_usage_perc",
+                           "vllm:gpu_cache_usage_perc", "sglang:token_usage"),
+}
+_RUNTIME_PREFIXES = (("llamacpp:", "llama.cpp"), ("vllm:", "vllm"), ("tgi_", "tgi"), ("sglang:", "sglang"))
+
+PATH_PS = "/api/ps"
+PATH_METRICS = "/metrics"
+_PATHS: dict[str | None, tuple[str, ...]] = {
+    "ollama": (PATH_PS,), "llama.cpp": (PATH_METRICS,), "vllm": (PATH_METRICS,), "tgi": (PATH_METRICS,),
+    "sglang": (PATH_METRICS,), "lmstudio": (),
+}
+_ABSENT_STATUS = frozenset({404, 405, 501})
+ABSENT_RETRY = 60.0
+TIMEOUT = 1.0
+_OTEL_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_./-]{0,254}\Z")
+_COUNTER, _GAUGE = "counter", "gauge"
+
+Point = tuple[float, dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class _Model:
+    name: str
+    size: int | None
+    size_vram: int | None
+    expires_at: float | None  # epoch seconds
+
+
+@dataclass
+class _State:
+    """What the latest polls of one server found (each field is replaced, never mutated)."""
+
+    runtime: str | None = None
+    series: dict[str, list[Point]] = field(default_factory=dict)  # instrument key -> points
+    normalized: dict[str, float | None] = field(default_factory=dict)
+    models: tuple[_Model, ...] = ()
+    latest: dict[str, Any] = field(default_factory=dict)
+    retry_at: dict[str, float] = field(default_factory=dict)  # path -> monotonic time
+
+
+class _NotItsFormat(Exception):
+    """The endpoint answered, but not in the format this runtime would use."""
+
+
+class RuntimeStateObserver:
+    """Polls the registry's model servers for their state; see the module docstring."""
+
+    def __init__(self, meter: Meter, registry: ServerRegistry, interval: float = 5.0,
+                 client: httpx.Client | None = None) -> None:
+        self._meter = meter
+        self._registry = registry
+        self.interval = interval
+        self._own_client = client is None
+        self._client = client or httpx.Client(timeout=TIMEOUT, trust_env=False)
+        self._states: dict[tuple[str, int], _State] = {}
+        self._kinds: dict[str, str] = {}  # lower-cased instrument name -> kind
+        self._lock = threading.Lock()
+        self._poll_lock = threading.Lock()
+        self._logged: set[tuple[Any, ...]] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._clock: Callable[[], float] = time.monotonic
+        self._register_fixed()
+
+    # -- life cycle -----------------------------------------------------------------------------
+    def start(self) -> None:
+        """Poll now and then every ``interval`` seconds, from a daemon thread."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="otel_llm-runtime-state", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 3.0) -> None:
+        """Stop polling (waits up to ``timeout`` s for a poll in progress)."""
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+        if self._own_client:
+            try:
+                self._client.close()
+            except Exception:
+                logger.debug("otel_llm: closing the runtime-state client failed", exc_info=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.poll_once()
+            self._stop.wait(self.interval)
+
+    # -- polling --------------------------------------------------------------------------------
+    def poll_once(self) -> None:
+        """Poll every server of the registry once. Never raises."""
+        # an application's own HTTP instrumentation (opentelemetry-instrumentation-httpx) would
+        # trace every poll: these requests are ours, not the application's
+        with self._poll_lock, suppress_http_instrumentation():
+            for server in self._registry.servers():
+                if self._stop.is_set():
+                    return
+                try:
+                    self._poll_server(server)
+                except Exception:
+                    self._log_once((server, "bug"), f"polling {server.base_url} failed unexpectedly",
+                                   logging.WARNING, exc_info=True)
+
+    def _poll_server(self, server: Server) -> None:
+        if not _may_probe(server):
+            return
+        key = (server.host, server.port)
+        state = self._states.get(key)
+        if state is None:
+            state = self._states[key] = _State(runtime=server.runtime)
+        if server.runtime is not None:
+            state.runtime = server.runtime
+        fresh: dict[str, Any] = {}
+        for path in _PATHS.get(server.runtime, (PATH_PS, PATH_METRICS)):
+            if self._clock() < state.retry_at.get(path, 0.0):
+                continue
+            if path == PATH_PS:
+                fresh.update(self._poll_ps(server, state))
+            else:
+                fresh.update(self._poll_metrics(server, state))
+        if fresh:
+            base = {STATE_REQUESTS_RUNNING: None, STATE_REQUESTS_WAITING: None, STATE_KV_CACHE_USAGE: None}
+            state.latest = {**base, **fresh, STATE_TIMESTAMP: time.perf_counter_ns()}
+
+    def _poll_ps(self, server: Server, state: _State) -> dict[str, Any]:
+        body = self._fetch(server, state, PATH_PS, "application/json")
+        models = None
+        if body is not None:
+            try:
+                models = _parse_ps(body)
+            except _NotItsFormat as exc:
+                self._not_its_format(server, state, PATH_PS, str(exc))
+        if models is None:
+            state.models = ()
+            return {}
+        if state.runtime is None:
+            state.runtime = "ollama"
+        state.models = tuple(models)
+        return {STATE_MODELS_LOADED: tuple(m.name for m in models)}
+
+    def _poll_metrics(self, server: Server, state: _State) -> dict[str, Any]:
+        body = self._fetch(server, state, PATH_METRICS, "text/plain; version=0.0.4")
+        families, text = None, ""
+        if body is not None:
+            try:
+                text = body.decode("utf-8", errors="replace")
+                families = list(text_string_to_metric_families(text))
+            except Exception as exc:
+                self._not_its_format(server, state, PATH_METRICS, f"malformed Prometheus text ({exc})")
+        if families is None:
+            state.series, state.normalized = {}, {}
+            return {}
+        samples = _samples(families, _names_in(text))
+        if state.runtime is None:
+            state.runtime = _infer_runtime(samples)
+        state.normalized = _normalize(samples)
+        state.series = self._series(server, state, samples)
+        return dict(state.normalized)
+
+    def _fetch(self, server: Server, state: _State, path: str, accept: str) -> bytes | None:
+        """The body of a 2xx answer, or None (problem logged once, absent endpoints backed off)."""
+        url = f"{server.base_url}{path}"
+        try:
+            response = self._client.get(url, headers={"Accept": accept}, timeout=TIMEOUT)
+        except httpx.HTTPError as exc:
+            self._log_once((server, path, "unreachable", type(exc).__name__),
+                           f"runtime state: {url} unreachable ({type(exc).__name__}); will retry",
+                           logging.WARNING)
+            return None
+        except RuntimeError:
+            if self._stop.is_set():  # stop() closed the client during this poll
+                return None
+            raise
+        if response.status_code in _ABSENT_STATUS:
+            state.retry_at[path] = self._clock() + ABSENT_RETRY
+            known = server.runtime is not None
+            hint = " (llama-server needs --metrics)" if state.runtime == "llama.cpp" else ""
+            self._log_once((server, path, "absent"),
+                           f"runtime state: {url} answered {response.status_code}{hint}; "
+                           f"re-checking every {ABSENT_RETRY:.0f} s",
+                           logging.INFO if known else logging.DEBUG)
+            return None
+        if not response.is_success:
+            self._log_once((server, path, "status", response.status_code),
+                           f"runtime state: {url} answered HTTP {response.status_code}; will retry",
+                           logging.WARNING)
+            return None
+        return response.content
+
+    def _not_its_format(self, server: Server, state: _State, path: str, problem: str) -> None:
+        """Unknown runtime: probably not this kind of endpoint, back off. Known one: retry."""
+        url = f"{server.base_url}{path}"
+        if server.runtime is None:
+            state.retry_at[path] = self._clock() + ABSENT_RETRY
+            self._log_once((server, path, "format"), f"runtime state: {url}: {problem}; "
+                           f"re-checking every {ABSENT_RETRY:.0f} s", logging.DEBUG)
+        else:
+            self._log_once((server, path, "format"), f"runtime state: {url}: {problem}; will retry",
+                           logging.WARNING)
+
+    # -- re-emitted Prometheus series -----------------------------------------------------------
+    def _series(self, server: Server, state: _State,
+                samples: list[tuple[str, str, dict[str, str], float, str]]) -> dict[str, list[Point]]:
+        base = _server_attrs(server, state.runtime)
+        series: dict[str, list[Point]] = {}
+        for name, kind, labels, value, help_text in samples:
+            otel = otel_name(name)
+            if otel is None or not self._instrument(otel, kind, help_text, server):
+                continue
+            series.setdefault(otel.lower(), []).append((value, {**labels, **base}))
+        return series
+
+    def _instrument(self, name: str, kind: str, description: str, server: Server) -> bool:
+        """Make sure an instrument of this kind exists for ``name``; False if taken by another kind."""
+        key = name.lower()
+        with self._lock:
+            known = self._kinds.get(key)
+            if known is None:
+                self._kinds[key] = kind
+                create = (self._meter.create_observable_counter if kind == _COUNTER
+                          else self._meter.create_observable_gauge)
+                create(name, [self._callback(key)], unit="", description=description)
+                return True
+        if known == kind:
+            return True
+        self._log_once(("kind", key, kind), f"runtime state: series {name} from {server.base_url} is a {kind} "
+                       f"but was first seen as a {known}; dropped", logging.WARNING)
+        return False
+
+    def _callback(self, key: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        return lambda options: [Observation(value, attrs) for state in list(self._states.values())
+                                for value, attrs in state.series.get(key, ())]
+
+    # -- fixed instruments ----------------------------------------------------------------------
+    def _register_fixed(self) -> None:
+        meter = self._meter
+        fixed = (
+            (METRIC_RUNTIME_REQUESTS_RUNNING, "{request}", "Requests the runtime is processing.",
+             lambda: self._normalized(STATE_REQUESTS_RUNNING)),
+            (METRIC_RUNTIME_REQUESTS_WAITING, "{request}", "Requests queued in the runtime.",
+             lambda: self._normalized(STATE_REQUESTS_WAITING)),
+            (METRIC_RUNTIME_KV_CACHE_USAGE, "1", "Fraction of the runtime's KV cache in use.",
+             lambda: self._normalized(STATE_KV_CACHE_USAGE)),
+            (METRIC_RUNTIME_MODEL_LOADED, "1", "1 for each model the runtime has loaded.", self._loaded),
+            (METRIC_RUNTIME_MODEL_MEMORY, "By", "Memory of a loaded model (total, and its VRAM share).",
+             self._model_memory),
+            (METRIC_RUNTIME_MODEL_EXPIRES_IN, "s", "Time until the runtime unloads an idle model.",
+             self._expires_in),
+        )
+        for name, unit, description, observe in fixed:
+            self._kinds[name.lower()] = _GAUGE
+            meter.create_observable_gauge(name, [lambda options, fn=observe: list(fn())], unit=unit,
+                                          description=description)
+
+    def _normalized(self, key: str) -> Iterator[Observation]:
+        for (host, port), state in list(self._states.items()):
+            value = state.normalized.get(key)
+            if value is not None:
+                yield Observation(value, _server_attrs(Server(host, port, None), state.runtime))
+
+    def _models(self) -> Iterator[tuple[_Model, dict[str, Any]]]:
+        for (host, port), state in list(self._states.items()):
+            attrs = _server_attrs(Server(host, port, None), state.runtime)
+            for model in state.models:
+                yield model, {**attrs, sc.GEN_AI_REQUEST_MODEL: model.name}
+
+    def _loaded(self) -> Iterator[Observation]:
+        for _model, attrs in self._models():
+            yield Observation(1, attrs)
+
+    def _model_memory(self) -> Iterator[Observation]:
+        for model, attrs in self._models():
+            for location, size in (("total", model.size), ("vram", model.size_vram)):
+                if size is not None:
+                    yield Observation(size, {**attrs, LLM_RUNTIME_MEMORY_LOCATION: location})
+
+    def _expires_in(self) -> Iterator[Observation]:
+        now = time.time()
+        for model, attrs in self._models():
+            if model.expires_at is not None:
+                yield Observation(max(0.0, model.expires_at - now), attrs)
+
+    # -- per call -------------------------------------------------------------------------------
+    def latest_state(self, host: str, port: int) -> dict[str, Any]:
+        """The newest polled state of a server: ``requests.running``, ``requests.waiting``,
+        ``kv_cache.usage`` (None when not reported), ``models.loaded`` (Ollama) and ``timestamp``
+        (perf_counter_ns of that poll). Empty before the first successful poll."""
+        state = self._states.get((host, port))
+        return dict(state.latest) if state is not None else {}
+
+    def _log_once(self, key: tuple[Any, ...], message: str, level: int = logging.WARNING,
+                  exc_info: bool = False) -> None:
+        with self._lock:
+            if key in self._logged:
+                return
+            self._logged.add(key)
+        logger.log(level, "otel_llm: %s", message, exc_info=exc_info)
+
+
+# --- pure helpers --------------------------------------------------------------------------------
+def otel_name(prometheus_name: str) -> str | None:
+    """``llamacpp:requests_processing`` -> ``llamacpp.requests_processing``; None if unusable."""
+    name = prometheus_name.replace(":", ".").lstrip("_.")
+    return name if _OTEL_NAME.match(name) else None
+
+
+def _names_in(text: str) -> set[str]:
+    """The sample names as written in the exposition text."""
+    return {line.split("{", 1)[0].split(None, 1)[0] for line in text.splitlines()
+            if line.strip() and not line.lstrip().startswith("#")}
+
+
+def _samples(families: list[Any], written: set[str]) -> list[tuple[str, str, dict[str, str], float, str]]:
+    """(sample name, kind, labels, value, help) for every series worth re-emitting. The parser
+    appends ``_total`` to counter samples that lack it (TGI's); the name as written is kept."""
+    cumulative = {f.name for f in families if f.type in ("counter", "histogram", "summary", "gaugehistogram")}
+    out = []
+    for family in families:
+        if family.name.endswith("_created") and family.name[: -len("_created")] in cumulative:
+            continue
+        for sample in family.samples:
+            kind = _kind(family.type, family.name, sample.name)
+            value = sample.value
+            if kind is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            name = sample.name
+            if family.type == "counter" and name not in written and family.name in written:
+                name = family.name
+            if math.isfinite(value):
+                out.append((name, kind, dict(sample.labels), float(value), family.documentation))
+    return out
+
+
+def _kind(family_type: str, family_name: str, sample_name: str) -> str | None:
+    """The OTel kind a sample is re-emitted as, or None to skip it."""
+    if sample_name.endswith("_created"):
+        return None
+    if family_type == "counter":
+        return _COUNTER
+    if family_type in ("histogram", "summary"):
+        if sample_name != family_name and sample_name.endswith(("_sum", "_count")):
+            return _COUNTER
+        return None
+    if family_type == "gaugehistogram":
+        return _GAUGE if sample_name.endswith(("_gsum", "_gcount")) else None
+    return _GAUGE
+
+
+def _normalize(samples: list[tuple[str, str, dict[str, str], float, str]]) -> dict[str, float | None]:
+    values: dict[str, list[float]] = {}
+    for name, _kind_, _labels, value, _help in samples:
+        values.setdefault(name, []).append(value)
+    out: dict[str, float | None] = {}
+    for key, sources in NORMALIZED_SOURCES.items():
+        found = next((values[s] for s in sources if s in values), None)
+        if found is None:
+            out[key] = None
+        elif key == STATE_KV_CACHE_USAGE:
+            out[key] = sum(found) / len(found)
+        else:
+            total = sum(found)
+            out[key] = int(total) if float(total).is_integer() else total
+    return out
+
+
+def _infer_runtime(samples: list[tuple[str, str, dict[str, str], float, str]]) -> str | None:
+    for name, *_rest in samples:
+        for prefix, runtime in _RUNTIME_PREFIXES:
+            if name.startswith(prefix):
+                return runtime
+    return None
+
+
+def _parse_ps(body: bytes) -> list[_Model]:
+    """Ollama's /api/ps answer; raises _NotItsFormat if it is not one."""
+    try:
+        data = json.loads(body)
+    except ValueError as exc:
+        raise _NotItsFormat("not JSON") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("models"), list):
+        raise _NotItsFormat('JSON without a "models" list')
+    models = []
+    for entry in data["models"]:
+        if not isinstance(entry, dict):
+            continue
+        name = entry.get("name") or entry.get("model")
+        if isinstance(name, str):
+            models.append(_Model(name, _int(entry.get("size")), _int(entry.get("size_vram")),
+                                 _epoch(entry.get("expires_at"))))
+    return models
+
+
+def _int(value: Any) -> int | None:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _epoch(value: Any) -> float | None:
+    """RFC 3339 (Go writes up to 9 fractional digits; Python reads 6) -> epoch seconds."""
+    if not isinstance(value, str):
+        return None
+    text = re.sub(r"(\.\d{6})\d+", r"\1", value.strip())
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None
+
+
+def _server_attrs(server: Server, runtime: str | None) -> dict[str, Any]:
+    attrs: dict[str, Any] = {sc.SERVER_ADDRESS: server.host, sc.SERVER_PORT: server.port}
+    if runtime is not None:
+        attrs[sc.LLM_RUNTIME_NAME] = runtime
+    return attrs
+
+
+def _may_probe(server: Server) -> bool:
+    """Known runtimes always; unknown ones only when the host looks self-hosted (not port 443)."""
+    if server.runtime is not None:
+        return True
+    if server.port == 443:
+        return False
+    if server.is_local or ("." not in server.host and ":" not in server.host):
+        return True
+    try:
+        return ipaddress.ip_address(server.host).is_private
+    except ValueError:
+        return False

@@ -1,0 +1,86 @@
+"""Observers on by default with instrument(): the real llama.cpp server's process, state and the
+host evidence end up in metrics and on each call."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import openai
+import pytest
+
+import otel_llm
+from otel_llm import semconv as sc
+from otel_llm.testing import LlamaServer
+from tests.conftest import Otel, make_otel
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[LlamaServer]:
+    with LlamaServer(slots=1) as running:
+        yield running
+
+
+@pytest.fixture
+def observed() -> Iterator[Otel]:
+    state = make_otel()
+    otel_llm.instrument(tracer_provider=state.tracer_provider, meter_provider=state.meter_provider,
+                        sample_interval=0.2)
+    try:
+        yield state
+    finally:
+        otel_llm.uninstrument()
+
+
+def _chat(server: LlamaServer, tokens: int) -> None:
+    client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
+    for _ in client.chat.completions.create(model="gemma", messages=[{"role": "user", "content": "Tell a story."}],
+                                            max_tokens=tokens, stream=True, extra_body={"ignore_eos": True}):
+        pass
+
+
+def test_calls_carry_host_and_runtime_evidence(server: LlamaServer, observed: Otel) -> None:
+    _chat(server, 8)  # the server is now known to the observers
+    time.sleep(0.6)  # a poll of its /metrics and a few host samples
+    long_call = threading.Thread(target=_chat, args=(server, 60))
+    long_call.start()
+    time.sleep(0.8)  # generating, and polled while generating
+    _chat(server, 4)
+    long_call.join()
+    calls = sorted(observed.calls(), key=lambda c: c.start_time)
+    first, long, late = calls
+    assert first.attributes.get(sc.LLM_RUNTIME_REQUESTS_RUNNING, 0) == 0
+    assert late.attributes[sc.LLM_RUNTIME_REQUESTS_RUNNING] == 1  # the long call was generating
+    assert late.attributes[sc.LLM_DIAGNOSIS_CONCURRENT_REQUESTS] == 1
+    for call in calls:
+        assert 0.0 <= call.attributes[sc.LLM_HOST_CPU_UTILIZATION] <= 1.0
+        assert 0.0 < call.attributes[sc.LLM_HOST_MEMORY_UTILIZATION] < 1.0
+    assert long.attributes[sc.LLM_HOST_CPU_UTILIZATION] > 0.3  # llama-server decoding on 2 cores
+
+
+def test_runtime_process_and_state_metrics(server: LlamaServer, observed: Otel) -> None:
+    _chat(server, 4)
+    time.sleep(0.6)
+    metrics = observed.metrics()
+    runtime_memory = [p for p in metrics.get("process.memory.usage", [])
+                      if p.attributes.get(sc.LLM_RUNTIME_NAME) == "llama.cpp"]
+    assert runtime_memory and runtime_memory[0].value > 50 * 2**20  # it holds the model
+    assert metrics.get("llamacpp.requests_processing"), sorted(metrics)
+    assert metrics.get(sc.LLM_RUNTIME_REQUESTS_RUNNING)
+    assert metrics.get("system.cpu.utilization") and metrics.get("system.memory.usage")
+
+
+def test_observers_can_be_switched_off(server: LlamaServer) -> None:
+    state = make_otel()
+    otel_llm.instrument(tracer_provider=state.tracer_provider, meter_provider=state.meter_provider,
+                        host_metrics=False, gpu_metrics=False, runtime_metrics=False)
+    try:
+        _chat(server, 2)
+    finally:
+        otel_llm.uninstrument()
+    call, _ = state.one_call()
+    assert sc.LLM_HOST_CPU_UTILIZATION not in call.attributes
+    assert "system.cpu.utilization" not in state.metrics()

@@ -1,0 +1,484 @@
+"""RuntimeStateObserver: the real llama.cpp server, and recorded /metrics and /api/ps answers
+served from a loopback HTTP server."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import Gauge, InMemoryMetricReader, Metric, Sum
+
+import otel_llm
+from otel_llm.observers.registry import ServerRegistry
+from otel_llm.observers.runtime_state import ABSENT_RETRY, RuntimeStateObserver, otel_name
+from otel_llm.testing import LlamaServer
+from tests.conftest import make_otel
+
+FIXTURES = Path(__file__).parent / "fixtures" / "observers"
+LOOPBACK = "127.0.0.1"
+
+
+# --- a loopback server answering canned bodies ---------------------------------------------------
+@dataclass
+class Canned:
+    status: int = 200
+    body: bytes = b""
+    content_type: str = "text/plain; version=0.0.4"
+
+
+@dataclass
+class FakeRuntime:
+    """Answers GET <path> with ``routes[path]`` (404 otherwise) and counts requests per path."""
+
+    routes: dict[str, Canned] = field(default_factory=dict)
+    hits: dict[str, int] = field(default_factory=dict)
+    port: int = 0
+
+    def serve(self, path: str, body: str | bytes, status: int = 200,
+              content_type: str = "text/plain; version=0.0.4") -> None:
+        self.routes[path] = Canned(status, body.encode() if isinstance(body, str) else body, content_type)
+
+
+def _handler(fake: FakeRuntime) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+            """Quiet."""
+
+        def do_GET(self) -> None:  # noqa: N802 - stdlib name
+            fake.hits[self.path] = fake.hits.get(self.path, 0) + 1
+            canned = fake.routes.get(self.path, Canned(404, b'{"error":"not found"}', "application/json"))
+            self.send_response(canned.status)
+            self.send_header("Content-Type", canned.content_type)
+            self.send_header("Content-Length", str(len(canned.body)))
+            self.end_headers()
+            self.wfile.write(canned.body)
+
+    return Handler
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeRuntime]:
+    state = FakeRuntime()
+    httpd = ThreadingHTTPServer((LOOPBACK, 0), _handler(state))
+    httpd.daemon_threads = True
+    state.port = httpd.server_address[1]
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield state
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+# --- observer + in-memory metrics ------------------------------------------------------------------
+@dataclass
+class Rig:
+    observer: RuntimeStateObserver
+    registry: ServerRegistry
+    reader: InMemoryMetricReader
+
+    def metrics(self) -> dict[str, Metric]:
+        data = self.reader.get_metrics_data()
+        return {m.name: m for rm in (data.resource_metrics if data else []) for sm in rm.scope_metrics
+                for m in sm.metrics}
+
+    def points(self, name: str) -> list[tuple[float, dict[str, Any]]]:
+        metric = self.metrics().get(name)
+        return [] if metric is None else [(p.value, dict(p.attributes)) for p in metric.data.data_points]
+
+    def value(self, name: str, **attrs: Any) -> float | None:
+        found = [v for v, a in self.points(name) if all(a.get(k.replace("__", ".")) == w for k, w in attrs.items())]
+        assert len(found) <= 1, found
+        return found[0] if found else None
+
+
+@pytest.fixture
+def rig() -> Iterator[Rig]:
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    registry = ServerRegistry()
+    observer = RuntimeStateObserver(provider.get_meter("test"), registry, interval=0.05)
+    try:
+        yield Rig(observer, registry, reader)
+    finally:
+        observer.stop()
+        provider.shutdown()
+
+
+def _text(name: str) -> str:
+    return (FIXTURES / name).read_text()
+
+
+def _runtime_logs(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "otel_llm" and "runtime state" in r.getMessage()]
+
+
+# --- name mapping ------------------------------------------------------------------------------------
+def test_name_mapping_rule() -> None:
+    assert otel_name("llamacpp:requests_processing") == "llamacpp.requests_processing"
+    assert otel_name("vllm:prompt_tokens_total") == "vllm.prompt_tokens_total"
+    assert otel_name("tgi_queue_size") == "tgi_queue_size"
+    assert otel_name("_private:x") == "private.x"
+    assert otel_name("x" * 300) is None
+
+
+# --- vLLM, TGI, SGLang ------------------------------------------------------------------------------
+def test_vllm_metrics_reemitted_and_normalized(rig: Rig, fake: FakeRuntime) -> None:
+    fake.serve("/metrics", _text("vllm_metrics.txt"))
+    rig.registry.note(LOOPBACK, fake.port, "vllm")
+    rig.observer.poll_once()
+
+    metrics = rig.metrics()
+    server = {"server.address": LOOPBACK, "server.port": fake.port, "llm.runtime.name": "vllm"}
+    running = metrics["vllm.num_requests_running"]
+    assert isinstance(running.data, Gauge)
+    assert sorted(p.value for p in running.data.data_points) == [1.0, 2.0]
+    assert {**server, "engine": "0", "model_name": "Qwen/Qwen2.5-0.5B-Instruct"} in \
+        [dict(p.attributes) for p in running.data.data_points]
+    prompt = metrics["vllm.prompt_tokens_total"]
+    assert isinstance(prompt.data, Sum) and prompt.data.is_monotonic
+    assert sorted(p.value for p in prompt.data.data_points) == [766.0, 1234.0]
+    assert rig.value("vllm.request_success_total", finished_reason="length") == 2.0
+    # histograms: _sum and _count as counters; no buckets, no _created timestamps
+    ttft_sum, ttft_count = metrics["vllm.time_to_first_token_seconds_sum"], metrics["vllm.time_to_first_token_seconds_count"]
+    assert isinstance(ttft_sum.data, Sum) and ttft_sum.data.data_points[0].value == 3.5
+    assert ttft_count.data.data_points[0].value == 42.0
+    assert not [n for n in metrics if n.endswith(("_bucket", "_created"))]
+    assert "vllm.cache_config_info" in metrics  # info-style gauge, labels kept
+    assert "python_gc_objects_collected_total" in metrics  # every numeric series
+    assert rig.points("vllm.spec_decode_ratio") == []  # NaN skipped
+
+    # normalized: counts summed over engines, KV usage averaged
+    assert rig.points("llm.runtime.requests.running") == [(3, server)]
+    assert rig.points("llm.runtime.requests.waiting") == [(3, server)]
+    assert rig.points("llm.runtime.kv_cache.usage") == [(0.375, server)]
+    assert metrics["llm.runtime.kv_cache.usage"].unit == "1"
+
+    state = rig.observer.latest_state(LOOPBACK, fake.port)
+    assert state["requests.running"] == 3 and state["requests.waiting"] == 3
+    assert state["kv_cache.usage"] == 0.375
+    assert isinstance(state["timestamp"], int) and 0 < time.perf_counter_ns() - state["timestamp"] < 5e9
+    assert fake.hits == {"/metrics": 1}  # a known runtime: only its own endpoint
+
+
+def test_vllm_legacy_kv_cache_fallback(rig: Rig, fake: FakeRuntime) -> None:
+    fake.serve("/metrics", _text("vllm_legacy_metrics.txt"))
+    rig.registry.note(LOOPBACK, fake.port, "vllm")
+    rig.observer.poll_once()
+    state = rig.observer.latest_state(LOOPBACK, fake.port)
+    assert (state["requests.running"], state["requests.waiting"], state["kv_cache.usage"]) == (1, 4, 0.75)
+
+
+def test_tgi_metrics(rig: Rig, fake: FakeRuntime) -> None:
+    fake.serve("/metrics", _text("tgi_metrics.txt"))
+    rig.registry.note(LOOPBACK, fake.port, "tgi")
+    rig.observer.poll_once()
+    metrics = rig.metrics()
+    assert rig.points("tgi_queue_size")[0][0] == 5
+    assert isinstance(metrics["tgi_request_count"].data, Sum)
+    assert rig.value("tgi_batch_forward_duration_count", method="prefill") == 15
+    assert rig.value("tgi_request_duration_sum") == 25.5
+    assert "tgi_request_duration" not in metrics  # summary quantiles skipped
+    state = rig.observer.latest_state(LOOPBACK, fake.port)
+    assert (state["requests.running"], state["requests.waiting"], state["kv_cache.usage"]) == (4, 5, None)
+    assert rig.points("llm.runtime.kv_cache.usage") == []
+
+
+def test_sglang_metrics_and_runtime_inferred(rig: Rig, fake: FakeRuntime) -> None:
+    """An unknown-runtime server: /api/ps is absent (backed off), /metrics names the runtime."""
+    fake.serve("/metrics", _text("sglang_metrics.txt"))
+    rig.registry.note(LOOPBACK, fake.port, None)
+    rig.observer.poll_once()
+    assert rig.value("sglang.num_running_reqs") == 6
+    assert rig.value("sglang.e2e_request_latency_seconds_sum") == 12.5
+    server = {"server.address": LOOPBACK, "server.port": fake.port, "llm.runtime.name": "sglang"}
+    assert rig.points("llm.runtime.requests.running") == [(6, server)]
+    assert rig.points("llm.runtime.requests.waiting") == [(2, server)]
+    assert rig.points("llm.runtime.kv_cache.usage") == [(0.42, server)]
+    assert rig.points("sglang.gen_throughput")[0][1]["model_name"] == "meta-llama/Llama-3.1-8B-Instruct"
+    rig.observer.poll_once()
+    assert fake.hits == {"/api/ps": 1, "/metrics": 2}
+
+
+# --- Ollama ------------------------------------------------------------------------------------------
+def test_ollama_ps(rig: Rig, fake: FakeRuntime) -> None:
+    fake.serve("/api/ps", _text("ollama_ps.json"), content_type="application/json")
+    rig.registry.note(LOOPBACK, fake.port, "ollama")
+    rig.observer.poll_once()
+    server = {"server.address": LOOPBACK, "server.port": fake.port, "llm.runtime.name": "ollama"}
+    gemma = {**server, "gen_ai.request.model": "gemma3:270m"}
+    qwen = {**server, "gen_ai.request.model": "qwen3:0.6b"}
+    assert sorted(rig.points("llm.runtime.model.loaded"), key=str) == sorted([(1, gemma), (1, qwen)], key=str)
+    assert rig.value("llm.runtime.model.memory", gen_ai__request__model="gemma3:270m",
+                     llm__runtime__memory__location="total") == 550199296
+    assert rig.value("llm.runtime.model.memory", gen_ai__request__model="gemma3:270m",
+                     llm__runtime__memory__location="vram") == 412649472
+    assert rig.value("llm.runtime.model.memory", gen_ai__request__model="qwen3:0.6b",
+                     llm__runtime__memory__location="vram") == 0
+    assert rig.metrics()["llm.runtime.model.memory"].unit == "By"
+    expires = dict((a["gen_ai.request.model"], v) for v, a in rig.points("llm.runtime.model.expires_in"))
+    assert expires["gemma3:270m"] > 60 * 365 * 86400 and expires["qwen3:0.6b"] == 0.0
+    state = rig.observer.latest_state(LOOPBACK, fake.port)
+    assert state["models.loaded"] == ("gemma3:270m", "qwen3:0.6b") and state["requests.waiting"] is None
+    assert fake.hits == {"/api/ps": 1}  # Ollama has no /metrics: never asked
+
+
+def test_unknown_runtime_answering_api_ps_is_ollama(rig: Rig, fake: FakeRuntime) -> None:
+    fake.serve("/api/ps", '{"models": []}', content_type="application/json")
+    rig.registry.note(LOOPBACK, fake.port, None)
+    rig.observer.poll_once()
+    assert rig.observer.latest_state(LOOPBACK, fake.port)["models.loaded"] == ()
+    fake.serve("/api/ps", _text("ollama_ps.json"), content_type="application/json")
+    rig.observer.poll_once()
+    assert {a["llm.runtime.name"] for _v, a in rig.points("llm.runtime.model.loaded")} == {"ollama"}
+
+
+def test_non_json_api_ps(rig: Rig, fake: FakeRuntime, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="otel_llm")
+    fake.serve("/api/ps", "<html>oops</html>", content_type="text/html")
+    rig.registry.note(LOOPBACK, fake.port, "ollama")
+    for _ in range(3):
+        rig.observer.poll_once()
+    assert [m for m in _runtime_logs(caplog) if "/api/ps" in m and "not JSON" in m].__len__() == 1
+    assert fake.hits["/api/ps"] == 3  # a known Ollama: retried at every poll
+    assert rig.points("llm.runtime.model.loaded") == []
+    fake.serve("/api/ps", _text("ollama_ps.json"), content_type="application/json")
+    rig.observer.poll_once()
+    assert len(rig.points("llm.runtime.model.loaded")) == 2
+
+
+# --- robustness --------------------------------------------------------------------------------------
+def test_malformed_metrics_logged_once_then_recovers(rig: Rig, fake: FakeRuntime,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="otel_llm")
+    fake.serve("/metrics", _text("vllm_legacy_metrics.txt"))
+    rig.registry.note(LOOPBACK, fake.port, "vllm")
+    rig.observer.poll_once()
+    before = rig.observer.latest_state(LOOPBACK, fake.port)
+    fake.serve("/metrics", _text("malformed_metrics.txt"))
+    rig.observer.poll_once()
+    rig.observer.poll_once()
+    assert len([m for m in _runtime_logs(caplog) if "malformed" in m]) == 1
+    assert rig.points("vllm.num_requests_running") == []  # stale series are not reported
+    assert rig.points("llm.runtime.requests.waiting") == []
+    assert rig.observer.latest_state(LOOPBACK, fake.port) == before  # last good poll, its timestamp
+    fake.serve("/metrics", _text("vllm_metrics.txt"))
+    rig.observer.poll_once()
+    assert rig.observer.latest_state(LOOPBACK, fake.port)["requests.waiting"] == 3
+    assert fake.hits["/metrics"] == 4
+
+
+def test_http_error_logged_once(rig: Rig, fake: FakeRuntime, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="otel_llm")
+    fake.serve("/metrics", "boom", status=500)
+    rig.registry.note(LOOPBACK, fake.port, "llama.cpp")
+    for _ in range(3):
+        rig.observer.poll_once()
+    assert len([m for m in _runtime_logs(caplog) if "HTTP 500" in m]) == 1
+    assert fake.hits["/metrics"] == 3 and rig.observer.latest_state(LOOPBACK, fake.port) == {}
+
+
+def test_unreachable_runtime(rig: Rig, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="otel_llm")
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind((LOOPBACK, 0))
+        port = probe.getsockname()[1]
+    rig.registry.note(LOOPBACK, port, "vllm")
+    started = time.monotonic()
+    for _ in range(3):
+        rig.observer.poll_once()
+    assert time.monotonic() - started < 3
+    assert len([m for m in _runtime_logs(caplog) if "unreachable" in m]) == 1
+    assert rig.observer.latest_state(LOOPBACK, port) == {}
+    assert rig.points("llm.runtime.requests.running") == []
+
+
+def test_absent_endpoint_backs_off(rig: Rig, fake: FakeRuntime, caplog: pytest.LogCaptureFixture) -> None:
+    """llama.cpp without --metrics answers 501 (other servers 404): re-checked every 60 s only."""
+    caplog.set_level(logging.DEBUG, logger="otel_llm")
+    now = [1000.0]
+    rig.observer._clock = lambda: now[0]
+    rig.registry.note(LOOPBACK, fake.port, "llama.cpp")
+    fake.serve("/metrics", '{"error":{"code":501}}', status=501, content_type="application/json")
+    for _ in range(5):
+        rig.observer.poll_once()
+        now[0] += 5
+    assert fake.hits["/metrics"] == 1
+    logs = [m for m in _runtime_logs(caplog) if "501" in m]
+    assert len(logs) == 1 and "--metrics" in logs[0]
+    fake.serve("/metrics", _text("vllm_legacy_metrics.txt").replace("vllm:num_requests_running",
+                                                                      "llamacpp:requests_processing"))
+    now[0] += ABSENT_RETRY
+    rig.observer.poll_once()
+    assert fake.hits["/metrics"] == 2
+    assert rig.observer.latest_state(LOOPBACK, fake.port)["requests.running"] == 1
+
+
+def test_series_changing_type_between_polls(rig: Rig, fake: FakeRuntime, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="otel_llm")
+    rig.registry.note(LOOPBACK, fake.port, "llama.cpp")
+    counter = "# TYPE llamacpp:n_tokens_max counter\nllamacpp:n_tokens_max 10\n" \
+              "# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing 1\n"
+    fake.serve("/metrics", counter)
+    rig.observer.poll_once()
+    assert isinstance(rig.metrics()["llamacpp.n_tokens_max"].data, Sum)
+    gauge = counter.replace("counter", "gauge").replace(" 10", " 7").replace("processing 1", "processing 0")
+    fake.serve("/metrics", gauge)
+    rig.observer.poll_once()
+    rig.observer.poll_once()
+    metrics = rig.metrics()
+    assert "llamacpp.n_tokens_max" not in metrics  # the counter has no point: the gauge series is dropped
+    assert rig.value("llamacpp.requests_processing") == 0  # the rest goes on
+    assert len([m for m in _runtime_logs(caplog) if "first seen as a counter" in m]) == 1
+
+
+def test_only_registered_servers_and_not_cloud_apis(fake: FakeRuntime) -> None:
+    seen: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(str(request.url))
+        return httpx.Response(404)
+
+    reader = InMemoryMetricReader()
+    registry = ServerRegistry()
+    client = httpx.Client(transport=httpx.MockTransport(handler))
+    observer = RuntimeStateObserver(MeterProvider(metric_readers=[reader]).get_meter("t"), registry, client=client)
+    registry.note("api.openai.com", 443, None)
+    registry.note("api.example.com", 8000, None)
+    registry.note("lmstudio.local", 1234, "lmstudio")
+    observer.poll_once()
+    assert seen == []
+    registry.note("10.1.2.3", 8000, None)
+    registry.note("ollama", 11434, None)
+    observer.poll_once()
+    assert sorted(seen) == sorted(["http://10.1.2.3:8000/api/ps", "http://10.1.2.3:8000/metrics",
+                                   "http://ollama:11434/api/ps", "http://ollama:11434/metrics"])
+    observer.stop()
+    assert not client.is_closed  # a client passed in belongs to the caller
+    client.close()
+
+
+def test_background_thread_polls(rig: Rig, fake: FakeRuntime) -> None:
+    fake.serve("/metrics", _text("tgi_metrics.txt"))
+    rig.registry.note(LOOPBACK, fake.port, "tgi")
+    rig.observer.start()
+    deadline = time.monotonic() + 5
+    while fake.hits.get("/metrics", 0) < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert fake.hits["/metrics"] >= 3
+    thread = rig.observer._thread
+    assert thread is not None and thread.daemon and thread is not threading.current_thread()
+    rig.observer.stop()
+    assert not thread.is_alive()
+    count = fake.hits["/metrics"]
+    time.sleep(0.2)
+    assert fake.hits["/metrics"] == count
+
+
+def test_polls_are_not_traced_by_otel_llm(fake: FakeRuntime) -> None:
+    """/metrics and /api/ps are not model routes: the instrumentation leaves them alone."""
+    otel = make_otel()
+    otel_llm.instrument(tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider,
+                        host_metrics=False, gpu_metrics=False, runtime_metrics=False)
+    try:
+        fake.serve("/metrics", _text("sglang_metrics.txt"))
+        fake.serve("/api/ps", _text("ollama_ps.json"), content_type="application/json")
+        registry = ServerRegistry()
+        registry.note(LOOPBACK, fake.port, None)
+        observer = RuntimeStateObserver(otel.meter_provider.get_meter("t"), registry)
+        observer.poll_once()
+        observer.stop()
+        assert fake.hits == {"/metrics": 1, "/api/ps": 1}
+        assert otel.spans() == []
+    finally:
+        otel_llm.uninstrument()
+
+
+def test_polls_are_not_traced_by_httpx_instrumentation(fake: FakeRuntime) -> None:
+    """An application that also runs opentelemetry-instrumentation-httpx gets no span per poll."""
+    from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
+
+    otel = make_otel()
+    instrumentor = HTTPXClientInstrumentor()
+    instrumentor.instrument(tracer_provider=otel.tracer_provider)
+    try:
+        fake.serve("/metrics", _text("tgi_metrics.txt"))
+        registry = ServerRegistry()
+        registry.note(LOOPBACK, fake.port, "tgi")
+        observer = RuntimeStateObserver(otel.meter_provider.get_meter("t"), registry)
+        observer.poll_once()
+        observer.stop()
+        assert fake.hits == {"/metrics": 1}
+        httpx.get(f"http://{LOOPBACK}:{fake.port}/metrics", timeout=2)  # the application's own request
+        assert [s.name for s in otel.spans()] == ["GET"]
+    finally:
+        instrumentor.uninstrument()
+
+
+# --- the real llama.cpp server -----------------------------------------------------------------------
+def _generate(base_url: str, prompt: str, done: list[str], enough: threading.Event) -> None:
+    """A long streamed generation; hanging up once ``enough`` is set cancels it in llama.cpp."""
+    body = {"prompt": prompt, "n_predict": 200, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", f"{base_url}/completion", json=body, timeout=120) as response:
+        for _ in response.iter_lines():
+            if enough.is_set():
+                break
+    done.append(prompt)
+
+
+def _wait_for(rig: Rig, host: str, port: int, **want: int) -> dict[str, Any]:
+    deadline = time.monotonic() + 30
+    state: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        rig.observer.poll_once()
+        state = rig.observer.latest_state(host, port)
+        if all(state.get(k.replace("_", ".", 1)) == v for k, v in want.items()):
+            return state
+        time.sleep(0.05)
+    raise AssertionError(f"runtime state never reached {want}: {state}")
+
+
+@pytest.mark.timeout(120)
+def test_real_llamacpp(rig: Rig) -> None:
+    with LlamaServer(slots=1) as server:
+        rig.registry.note(LOOPBACK, server.port, "llama.cpp")
+        rig.observer.poll_once()
+        metrics = rig.metrics()
+        attrs = {"server.address": LOOPBACK, "server.port": server.port, "llm.runtime.name": "llama.cpp"}
+        assert isinstance(metrics["llamacpp.prompt_tokens_total"].data, Sum)
+        assert isinstance(metrics["llamacpp.requests_processing"].data, Gauge)
+        assert dict(metrics["llamacpp.requests_deferred"].data.data_points[0].attributes) == attrs
+        assert rig.points("llm.runtime.requests.running") == [(0, attrs)]
+        assert rig.observer.latest_state(LOOPBACK, server.port)["kv_cache.usage"] is None
+
+        done: list[str] = []
+        enough = threading.Event()
+        first = threading.Thread(target=_generate, args=(server.base_url, "Once upon a time", done, enough))
+        first.start()
+        _wait_for(rig, LOOPBACK, server.port, requests_running=1)
+        second = threading.Thread(target=_generate, args=(server.base_url, "The sea was", done, enough))
+        second.start()
+        busy = _wait_for(rig, LOOPBACK, server.port, requests_running=1, requests_waiting=1)
+        assert len(done) == 0, "the first generation ended before the second was queued"
+        assert rig.points("llm.runtime.requests.waiting") == [(1, attrs)]
+        _wait_for(rig, LOOPBACK, server.port, requests_running=1, requests_waiting=1)  # steady, not a blip
+        enough.set()  # both end early: the first is cancelled, then the second once it starts
+        first.join(60)
+        second.join(60)
+        assert len(done) == 2
+        idle = _wait_for(rig, LOOPBACK, server.port, requests_running=0, requests_waiting=0)
+        assert idle["timestamp"] > busy["timestamp"]
+        assert rig.value("llamacpp.tokens_predicted_total") > 0
