@@ -84,3 +84,40 @@ def test_observers_can_be_switched_off(server: LlamaServer) -> None:
     call, _ = state.one_call()
     assert sc.LLM_HOST_CPU_UTILIZATION not in call.attributes
     assert "system.cpu.utilization" not in state.metrics()
+
+
+def test_memory_pressure_during_a_call_shows_on_that_call(sim) -> None:
+    """A process that allocates and touches 3 GiB while a call runs raises the call's memory figure."""
+    import subprocess
+    import sys
+
+    import httpx
+
+    from tests.conftest import configure_sim
+
+    configure_sim(sim, first_token_delay=0.0, token_interval=0.1, tokens=25)  # a 2.5 s stream
+    state = make_otel()
+    otel_llm.instrument(tracer_provider=state.tracer_provider, meter_provider=state.meter_provider,
+                        sample_interval=0.1, runtime_metrics=False)
+    hog = ("import time\nblock = bytearray(3 * 2**30)\nfor i in range(0, len(block), 4096):\n"
+           "    block[i] = 1\nprint('ready', flush=True)\ntime.sleep(30)\n")
+    try:
+        with httpx.Client() as client:
+            client.post(f"{sim.base_url}/v1/chat/completions", json={"model": "m", "messages": [],
+                                                                      "max_tokens": 2})  # baseline
+            time.sleep(0.3)
+            with client.stream("POST", f"{sim.base_url}/v1/chat/completions",
+                               json={"model": "m", "stream": True, "messages": []}) as response:
+                child = subprocess.Popen([sys.executable, "-c", hog], stdout=subprocess.PIPE, text=True)
+                try:
+                    assert child.stdout.readline().strip() == "ready"
+                    response.read()
+                finally:
+                    child.kill()
+                    child.wait()
+    finally:
+        otel_llm.uninstrument()
+    baseline, pressured = sorted(state.calls(), key=lambda c: c.start_time)
+    before = baseline.attributes[sc.LLM_HOST_MEMORY_UTILIZATION]
+    during = pressured.attributes[sc.LLM_HOST_MEMORY_UTILIZATION]
+    assert during - before > 0.05, (before, during)  # 3 GiB of 24 GiB is about 0.125
