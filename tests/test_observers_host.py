@@ -130,7 +130,7 @@ def test_every_instrument_with_semconv_attributes_and_sane_values(observed: Obse
         operations = _points(metrics, "system.paging.operations")
         assert metrics["system.paging.operations"][0] == "{operation}"
         assert {(a["system.paging.direction"], a["system.paging.fault.type"]) for a, _ in operations} == {
-            ("in", "major"), ("out", "major")}
+            ("in", "major"), ("out", "major"), ("in", "minor"), ("out", "minor")}
         faults = _by(_points(metrics, "system.paging.faults"), "system.paging.fault.type")
         assert faults["minor"] > 0 and faults["major"] >= 0
 

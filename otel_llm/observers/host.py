@@ -150,11 +150,13 @@ class HostObserver:
         yield Observation(swap.free, {SYSTEM_PAGING_STATE: "free"})
 
     def _paging_operations(self) -> Iterator[Observation]:
-        # Swapping is the "major" paging operation (as the collector's hostmetrics reports it).
-        vmstat = read_vmstat((b"pswpin", b"pswpout")) or {}
-        for key, direction in (("pswpin", "in"), ("pswpout", "out")):
+        # As the collector's hostmetrics reports it: swapping is the "major" paging operation
+        # (pswpin/pswpout pages), page-ins/outs of the page cache the "minor" one (pgpgin/pgpgout).
+        vmstat = read_vmstat((b"pswpin", b"pswpout", b"pgpgin", b"pgpgout")) or {}
+        for key, direction, kind in (("pswpin", "in", "major"), ("pswpout", "out", "major"),
+                                     ("pgpgin", "in", "minor"), ("pgpgout", "out", "minor")):
             if key in vmstat:
-                yield Observation(vmstat[key], {SYSTEM_PAGING_DIRECTION: direction, SYSTEM_PAGING_FAULT_TYPE: "major"})
+                yield Observation(vmstat[key], {SYSTEM_PAGING_DIRECTION: direction, SYSTEM_PAGING_FAULT_TYPE: kind})
 
     def _paging_faults(self) -> Iterator[Observation]:
         vmstat = read_vmstat((b"pgfault", b"pgmajfault")) or {}
