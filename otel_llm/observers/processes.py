@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import psutil
 
@@ -165,19 +165,45 @@ class RuntimeProcesses:
     # -- by name ----------------------------------------------------------------------------------
     def _by_name(self) -> dict[int, RuntimeProcess]:
         found: dict[int, RuntimeProcess] = {}
-        for proc in psutil.process_iter(["name"]):
-            if proc.pid == self._own_pid:
+        for pid, name in _names():
+            if pid == self._own_pid or not _may_be_runtime(name):
                 continue
-            runtime = _runtime_of(proc, proc.info.get("name") or "")
+            proc = _process(pid)
+            runtime = _runtime_of(proc, name) if proc is not None else None
             if runtime is not None:
-                found[proc.pid] = (proc, runtime)
+                found[pid] = (proc, runtime)
         return found
+
+
+def _names() -> Iterator[tuple[int, str]]:
+    """(pid, executable name) of every process. On Linux straight from /proc/PID/comm: a
+    psutil.Process per process costs about 30 us, this about 5, and a collection runs it."""
+    if not os.path.isdir("/proc/self"):
+        for proc in psutil.process_iter(["name"]):
+            yield proc.pid, proc.info.get("name") or ""
+        return
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/comm", "rb") as comm:
+                    yield int(entry.name), comm.read().decode("utf-8", "replace").strip()
+            except OSError:  # gone, or not ours to read
+                continue
+
+
+def _may_be_runtime(name: str) -> bool:
+    """A cheap first look; /proc/PID/comm is cut at 15 characters, so prefixes are compared."""
+    lowered = name.lower()
+    return lowered.startswith("python") or any(
+        lowered.startswith(prefix[:15]) or prefix.startswith(lowered) and len(lowered) >= 15
+        for prefix, _ in _NAME_PREFIXES + _TITLE_PREFIXES) or lowered in _EXACT_NAMES
 
 
 def _runtime_of(proc: psutil.Process, name: str | None = None) -> str | None:
     """Match by name; read the command line only for Python processes (it costs a file read)."""
     try:
-        name = name if name is not None else proc.name()
+        if name is None or len(name) >= 15:  # comm is truncated: the full name decides
+            name = proc.name()
         cmdline = proc.cmdline() if name.lower().startswith("python") else None
         return runtime_for_name(name, cmdline)
     except (psutil.Error, OSError):
