@@ -136,7 +136,7 @@ class OtelLlmInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             if owner is None:
                 continue
             self._patched.append((owner, method))
-            wrapper._otel_llm_hook = True  # type: ignore[attr-defined]
+            wrapper._otel_llm_hook = True  # type: ignore[attr-defined,union-attr]
             wrap_function_wrapper(module, name, wrapper)
 
     def _uninstrument(self, **kwargs: Any) -> None:

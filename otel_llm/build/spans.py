@@ -54,9 +54,8 @@ class SdkSpanSink:
         self._scope = tracer._instrumentation_scope  # noqa: SLF001 (no public accessor)
 
     def start(self, name: str, attributes: dict[str, Any], start_time: int) -> CallSpan:
-        parent = trace.get_current_span().get_span_context()
-        if not parent.is_valid:
-            parent = None
+        current = trace.get_current_span().get_span_context()
+        parent = current if current.is_valid else None
         trace_id = parent.trace_id if parent is not None else self._ids.generate_trace_id()
         result = self._tracer.sampler.should_sample(
             None, trace_id, name, SpanKind.CLIENT, attributes, ()

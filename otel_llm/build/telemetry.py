@@ -88,16 +88,17 @@ class Telemetry:
         attrs = attr_build.request_attributes(call, provider, self.settings.capture_content)
         call.span = span = self._sink.start(attr_build.span_name(route.operation, info.model), attrs, call.epoch0)
         if self.observers is not None:
-            self._note_server(call, span.attributes)
+            self._note_server(self.observers, call, span.attributes)
         carrier = span.live if span.live is not None else trace.NonRecordingSpan(span.context)
         propagate.inject(request.headers, context=trace.set_span_in_context(carrier))
         return call
 
-    def _note_server(self, call: LlmCall, attrs: dict[str, Any]) -> None:
+    @staticmethod
+    def _note_server(observers: Observers, call: LlmCall, attrs: dict[str, Any]) -> None:
         """Let the observers watch this server; note what its runtime had queued."""
         host, port = call.admission.server
-        self.observers.registry.note(host, port, call.runtime, call.url.scheme)
-        attrs.update(self.observers.runtime_at_start(host, port))
+        observers.registry.note(host, port, call.runtime, call.url.scheme)
+        attrs.update(observers.runtime_at_start(host, port))
 
     def release(self, call: LlmCall) -> None:
         if call.admission is not None:
@@ -167,7 +168,7 @@ class Telemetry:
         cold = diagnosis.cold_start(counters, admission.after_unload)
         if cold is not None:
             attrs[sc.LLM_DIAGNOSIS_COLD_START] = cold
-        buffered = diagnosis.stream_buffered(call.scanner) if streamed else None
+        buffered = diagnosis.stream_buffered(call.scanner) if streamed and call.scanner is not None else None
         if buffered is not None:
             attrs[sc.LLM_DIAGNOSIS_STREAM_BUFFERED] = buffered
         attrs[sc.LLM_DIAGNOSIS_CONCURRENT_REQUESTS] = admission.concurrent

@@ -61,6 +61,8 @@ class Observers:
         from otel_llm.observers.host import HostObserver
         from otel_llm.observers.sampler import HostSampler
 
+        if self.processes is None:
+            raise RuntimeError("the runtime process finder did not start")
         HostObserver(meter, self.processes)
         probes = [self.gpu.sample] if self.gpu is not None else []
         sampler = HostSampler(interval=interval, probes=probes)

@@ -69,7 +69,7 @@ class StreamScanner:
                 first = match
             last = match
             count += 1
-        if count == 0:
+        if first is None or last is None:
             self._note_gaps(times, 0 if self.first_token_ns else len(times))
             return
         ends = list(accumulate(map(len, chunks)))

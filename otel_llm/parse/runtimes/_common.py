@@ -80,9 +80,10 @@ def get(d: Mapping, key: str) -> Any:
         return MISSING
 
 
-def drop(name: str, value: object, why: str) -> None:
-    """Log one dropped value; always returns None."""
+def drop(name: str, value: object, why: str) -> Any:
+    """Log one dropped value; always returns None (so callers can ``return drop(...)``)."""
     log.debug("otel_llm: runtime counter %s=%.80r dropped (%s)", name, value, why)
+    return None
 
 
 # --- numbers --------------------------------------------------------------------------------
