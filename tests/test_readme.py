@@ -18,3 +18,10 @@ def test_runtime_table_matches_the_adapters() -> None:
 def test_every_option_and_variable_is_documented() -> None:
     for option, variable in ENV_VARS.items():
         assert f"| `{option}` | `{variable}`" in README, option
+
+
+def test_every_diagnose_code_is_documented() -> None:
+    from otel_llm.diagnose.verdicts import CODES
+
+    for code in CODES:
+        assert f"| `{code}` |" in README, code

@@ -1,0 +1,207 @@
+"""``otel-llm diagnose URL [URL ...] --model NAME``: argument parsing and the run's steps."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from .trials import APIS, TargetResult, TrialRunner
+from .verdicts import EXPLAIN, Verdict, median, verdicts
+from . import report
+
+__all__ = ["add_arguments", "parse_args", "run"]
+
+QUICK = {"trials": 2, "max_concurrency": 2, "max_tokens": 16}
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("urls", nargs="+", metavar="URL", help="base URL of each target, e.g. http://127.0.0.1:11434")
+    parser.add_argument("--model", required=True, help="model name sent in every request")
+    parser.add_argument("--api", choices=APIS, default="openai",
+                        help="request flavour: openai (/v1/chat/completions), ollama (/api/chat), "
+                             "llamacpp (/completion); default openai")
+    parser.add_argument("--trials", type=_positive_int, default=None, metavar="N", help="warm trials (default 5)")
+    parser.add_argument("--max-tokens", type=_positive_int, default=None, metavar="N",
+                        help="output token limit per request (default 32)")
+    parser.add_argument("--max-concurrency", type=_positive_int, default=None, metavar="N",
+                        help="concurrency sweep 1..N (default 2)")
+    parser.add_argument("--quick", action="store_true", help="2 warm trials, concurrency up to 2, 16 tokens")
+    parser.add_argument("--json", metavar="FILE", help="write the run's configuration, results and verdicts here")
+    parser.add_argument("--auth-env", metavar="VAR",
+                        help="environment variable holding a token sent as 'Authorization: Bearer ...'")
+    parser.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS",
+                        help="per-request timeout (default 120)")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="otel-llm diagnose")
+    add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def _settings(args: argparse.Namespace) -> dict[str, int]:
+    defaults = dict(QUICK) if args.quick else {"trials": 5, "max_concurrency": 2, "max_tokens": 32}
+    for name in defaults:
+        if getattr(args, name, None) is not None:
+            defaults[name] = getattr(args, name)
+    return defaults
+
+
+def _runtime_version(api: str, url: str) -> str | None:
+    """Best effort: only Ollama reports its version on a documented route."""
+    if api != "ollama":
+        return None
+    try:
+        response = httpx.get(url.rstrip("/") + "/api/version", timeout=2.0)
+        if response.status_code == 200:
+            version = response.json().get("version")
+            return str(version) if version else None
+    except (httpx.HTTPError, ValueError):
+        pass
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    import otel_llm
+
+    say: Callable[[str], None] = lambda text: print(text, flush=True)  # noqa: E731
+    secret = None
+    if args.auth_env:
+        secret = os.environ.get(args.auth_env)
+        if not secret:
+            print(f"otel-llm diagnose: environment variable {args.auth_env} is not set or empty", file=sys.stderr)
+            return 2
+
+    def redact(text: str) -> str:
+        return text.replace(secret, "***") if secret else text
+
+    if otel_llm.is_instrumented():
+        print("otel-llm diagnose: otel_llm is already instrumented in this process", file=sys.stderr)
+        return 2
+    settings = _settings(args)
+    headers = {"Authorization": f"Bearer {secret}"} if secret else {}
+
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from otel_llm.config import DEFAULT_TRACES_FILE, ENV_VARS
+    from otel_llm.export.jsonl import JsonLinesSpanExporter
+
+    traces_file = os.environ.get(ENV_VARS["traces_file"]) or DEFAULT_TRACES_FILE
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer_provider.add_span_processor(BatchSpanProcessor(JsonLinesSpanExporter(traces_file)))
+    meter_provider = MeterProvider()
+    otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider, console_summary=False,
+                        host_metrics=False, gpu_metrics=False, runtime_metrics=False)
+    started = time.perf_counter()
+    results: list[TargetResult] = []
+    found: list[list[Verdict]] = []
+    try:
+        for url in args.urls:
+            runner = TrialRunner(tracer_provider, exporter, url=url, api=args.api, model=args.model,
+                                 max_tokens=settings["max_tokens"], headers=headers, timeout=args.timeout,
+                                 redact=redact)
+            try:
+                result = _diagnose(runner, url, args, settings, bool(secret), say)
+            finally:
+                runner.close()
+            results.append(result)
+            found.append(verdicts(result))
+            say(f"verdicts for {url}:")
+            for line in report.verdict_lines(found[-1]):
+                say(redact(line))
+            say("")
+    finally:
+        otel_llm.uninstrument()
+        tracer_provider.shutdown()
+        meter_provider.shutdown()
+    elapsed = time.perf_counter() - started
+    say("summary (warm median [min-max]):")
+    for line in report.summary_table(results):
+        say(redact(line))
+    say("")
+    say("primary verdicts: " + ", ".join(f"{r.url} -> {v[0].code}" for r, v in zip(results, found)))
+    say(f"done in {elapsed:.1f} s; trials traced to {os.path.abspath(traces_file)}")
+    if args.json:
+        config: dict[str, Any] = {
+            "model": args.model, "api": args.api, "urls": list(args.urls), "trials": settings["trials"],
+            "max_tokens": settings["max_tokens"], "max_concurrency": settings["max_concurrency"],
+            "quick": bool(args.quick), "client_host": socket.gethostname(),
+            "auth_env": args.auth_env, "auth_sent": bool(secret),
+            "runtimes": [{"url": r.url, "name": r.runtime_name, "version": r.runtime_version} for r in results],
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(time.time() - elapsed)),
+            "duration_s": round(elapsed, 3), "traces_file": os.path.abspath(traces_file),
+        }
+        with open(args.json, "w", encoding="utf-8") as fh:
+            fh.write(report.json_record(config, results, found, redact) + "\n")
+        say(f"JSON record written to {args.json}")
+    failed = any(v and v[0].code in ("unreachable", "http_error", "auth_missing") for v in found)
+    return 1 if failed else 0
+
+
+def _diagnose(runner: TrialRunner, url: str, args: argparse.Namespace, settings: dict[str, int],
+              auth_sent: bool, say: Callable[[str], None]) -> TargetResult:
+    result = TargetResult(url=url, api=args.api, model=args.model, auth_sent=auth_sent)
+    say(f"== {url} ({args.api}, model {args.model}) -> {runner.url}")
+    say("[1] reachability and correctness: one request (recorded as the cold trial)")
+    first = runner.one("cold")
+    result.reachable = first
+    if not first.ok:
+        code = verdicts(result)[0].code
+        say(f"    FAIL {code}: " + report.trial_line(first))
+        say("    " + EXPLAIN.get(code, EXPLAIN["http_error"]) + " Stopping this target.")
+        return result
+    result.runtime_name = first.runtime
+    result.runtime_version = _runtime_version(args.api, url)
+    runtime = f"{first.runtime or 'unknown'}" + (f" {result.runtime_version}" if result.runtime_version else "")
+    say(f"    ok HTTP {first.status}, runtime {runtime}; " + report.trial_line(first))
+
+    say(f"[2] warm-up (not recorded), then {settings['trials']} warm trials, one at a time")
+    warmup = runner.one("warmup")
+    if not warmup.ok:
+        say("    warm-up failed: " + report.trial_line(warmup))
+    for i in range(settings["trials"]):
+        trial = runner.one("warm", i)
+        result.warm.append(trial)
+        say("    " + report.trial_line(trial))
+    stats = report.phase_stats(result.ok_warm())
+    say("    warm median: " + ", ".join(
+        f"{label} {report._fmt(s['median'], unit)}" for (label, _a, unit), s in
+        zip(report.PHASES, stats.values()) if s["median"] is not None))
+
+    say(f"[3] concurrency sweep 1..{settings['max_concurrency']}")
+    for level in range(1, settings["max_concurrency"] + 1):
+        trials = runner.concurrent(level)
+        result.concurrency[level] = trials
+        for trial in sorted(trials, key=lambda t: t.start):
+            say("    " + report.trial_line(trial))
+
+    say("[4] streaming check (warm trials)")
+    judged = [t for t in result.warm if t.stream_buffered is not None]
+    buffered = sum(1 for t in judged if t.stream_buffered)
+    gap = median(t.max_chunk_gap for t in result.warm)
+    if judged:
+        state = "BUFFERED" if buffered * 2 >= len(judged) and buffered else "incremental"
+        say(f"    {state}: {buffered}/{len(judged)} streams arrived in bursts; median longest chunk gap "
+            f"{report._fmt(gap, 's')}")
+    else:
+        say(f"    not judged (streams too short); median longest chunk gap {report._fmt(gap, 's')}")
+    return result

@@ -1,0 +1,238 @@
+"""Make traced calls against one target and turn their spans into :class:`Trial` results."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+
+__all__ = ["APIS", "TargetResult", "Trial", "TrialRunner", "request_for"]
+
+APIS = ("openai", "ollama", "llamacpp")
+PROMPT = "Count from one to ten, separated by spaces."
+TRIAL_SPAN = "otel_llm.diagnose.trial"
+
+
+@dataclass
+class Trial:
+    """One traced call, as its spans describe it (seconds, tokens, tokens/s; None = not reported)."""
+
+    kind: str = "warm"  # cold | warm | concurrent
+    index: int = 0
+    concurrency: int = 1
+    error: str | None = None  # None, "unreachable", "http_error", "timeout", "error"
+    status: int | None = None
+    detail: str | None = None
+    start: float = 0.0  # seconds after the first request of the group started
+    total: float | None = None  # call span duration
+    ttfb: float | None = None
+    ttft: float | None = None
+    decode: float | None = None  # client: first -> last token
+    client_rate: float | None = None
+    native_rate: float | None = None
+    prompt_eval: float | None = None
+    prompt_tokens: int | None = None
+    load: float | None = None
+    queue: float | None = None
+    output_tokens: int | None = None
+    chunks: int | None = None
+    max_chunk_gap: float | None = None
+    stream_buffered: bool | None = None
+    cold_start: bool | None = None
+    bottleneck: str | None = None
+    unaccounted_wait: float | None = None
+    runtime: str | None = None
+    trace_id: str | None = None
+    phases: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class TargetResult:
+    """Everything measured for one URL; input of :func:`otel_llm.diagnose.verdicts.verdicts`."""
+
+    url: str
+    api: str = "openai"
+    model: str = ""
+    auth_sent: bool = False
+    reachable: Trial | None = None  # step 1's request, also the cold trial when it succeeded
+    warm: list[Trial] = field(default_factory=list)
+    concurrency: dict[int, list[Trial]] = field(default_factory=dict)
+    runtime_name: str | None = None
+    runtime_version: str | None = None
+
+    @property
+    def cold(self) -> Trial | None:
+        return self.reachable if self.reachable is not None and self.reachable.ok else None
+
+    def ok_warm(self) -> list[Trial]:
+        return [t for t in self.warm if t.ok]
+
+
+def request_for(api: str, base_url: str, model: str, max_tokens: int) -> tuple[str, dict[str, Any]]:
+    """The generation URL and streaming JSON payload of ``api``."""
+    base = base_url.rstrip("/")
+    if api == "openai":
+        if base.endswith("/v1"):
+            base = base[: -len("/v1")]
+        return base + "/v1/chat/completions", {
+            "model": model, "messages": [{"role": "user", "content": PROMPT}], "stream": True,
+            "stream_options": {"include_usage": True}, "max_tokens": max_tokens,
+        }
+    if api == "ollama":
+        return base + "/api/chat", {
+            "model": model, "messages": [{"role": "user", "content": PROMPT}], "stream": True,
+            "options": {"num_predict": max_tokens},
+        }
+    if api == "llamacpp":
+        return base + "/completion", {"model": model, "prompt": PROMPT, "stream": True, "n_predict": max_tokens}
+    raise ValueError(f"unknown api {api!r}; one of {APIS}")
+
+
+def _seconds(span: ReadableSpan) -> float | None:
+    if span.start_time is None or span.end_time is None:
+        return None
+    return (span.end_time - span.start_time) / 1e9
+
+
+def _num(attrs: Mapping[str, Any], key: str) -> float | None:
+    value = attrs.get(key)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _int(attrs: Mapping[str, Any], key: str) -> int | None:
+    value = attrs.get(key)
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def trial_from_spans(trial: Trial, call: ReadableSpan, children: list[ReadableSpan]) -> Trial:
+    """Fill ``trial`` from the call span's attributes and its children's durations."""
+    a = dict(call.attributes or {})
+    trial.total = _seconds(call)
+    trial.ttfb = _num(a, "llm.client.time_to_first_byte")
+    trial.ttft = _num(a, "llm.client.time_to_first_token")
+    trial.decode = _num(a, "llm.client.generation_duration")
+    trial.client_rate = _num(a, "llm.client.generation_rate")
+    trial.native_rate = _num(a, "llm.runtime.generation_rate")
+    trial.prompt_eval = _num(a, "llm.runtime.prompt_eval_duration")
+    trial.prompt_tokens = _int(a, "llm.runtime.prompt_tokens")
+    trial.load = _num(a, "llm.runtime.load_duration")
+    trial.queue = _num(a, "llm.runtime.queue_duration")
+    trial.output_tokens = _int(a, "llm.runtime.generation_tokens") or _int(a, "gen_ai.usage.output_tokens")
+    trial.chunks = _int(a, "llm.client.chunks")
+    trial.max_chunk_gap = _num(a, "llm.client.max_chunk_gap")
+    buffered = a.get("llm.diagnosis.stream_buffered")
+    trial.stream_buffered = bool(buffered) if buffered is not None else None
+    cold = a.get("llm.diagnosis.cold_start")
+    trial.cold_start = bool(cold) if cold is not None else None
+    bottleneck = a.get("llm.diagnosis.bottleneck")
+    trial.bottleneck = str(bottleneck) if bottleneck is not None else None
+    trial.unaccounted_wait = _num(a, "llm.diagnosis.unaccounted_wait")
+    runtime = a.get("llm.runtime.name") or a.get("gen_ai.provider.name")
+    trial.runtime = str(runtime) if runtime is not None else None
+    status = _int(a, "http.response.status_code")
+    if status is not None:
+        trial.status = status
+    trial.trace_id = format(call.context.trace_id, "032x")
+    for child in children:
+        seconds = _seconds(child)
+        if seconds is not None:
+            trial.phases[child.name] = trial.phases.get(child.name, 0.0) + seconds
+    return trial
+
+
+class TrialRunner:
+    """Sends traced streaming requests to one target; spans come from ``exporter``."""
+
+    def __init__(self, tracer_provider: TracerProvider, exporter: InMemorySpanExporter, *, url: str, api: str,
+                 model: str, max_tokens: int, headers: Mapping[str, str], timeout: float = 120.0,
+                 redact: Callable[[str], str] = lambda s: s) -> None:
+        self.tracer = tracer_provider.get_tracer("otel_llm.diagnose")
+        self.exporter = exporter
+        self.url, self.payload = request_for(api, url, model, max_tokens)
+        self.api = api
+        self.headers = dict(headers)
+        self.redact = redact
+        self.client = httpx.Client(timeout=httpx.Timeout(timeout, connect=10.0))
+
+    def close(self) -> None:
+        self.client.close()
+
+    def one(self, kind: str, index: int = 0, concurrency: int = 1, barrier: threading.Barrier | None = None,
+            t0: list[float] | None = None) -> Trial:
+        trial = Trial(kind=kind, index=index, concurrency=concurrency)
+        with self.tracer.start_as_current_span(TRIAL_SPAN, kind=SpanKind.INTERNAL, attributes={
+            "llm.diagnose.kind": kind, "llm.diagnose.index": index, "llm.diagnose.concurrency": concurrency,
+        }) as parent:
+            if barrier is not None:
+                barrier.wait()
+            started = time.perf_counter()
+            if t0 is not None:
+                trial.start = started - t0[0] if t0 else 0.0
+            try:
+                with self.client.stream("POST", self.url, json=self.payload, headers=self.headers) as response:
+                    trial.status = response.status_code
+                    if response.status_code >= 400:
+                        body = response.read().decode("utf-8", "replace")
+                        trial.error = "http_error"
+                        trial.detail = self.redact(" ".join(body.split())[:200])
+                    else:
+                        for _ in response.iter_bytes():
+                            pass
+            except httpx.ConnectError as exc:
+                trial.error, trial.detail = "unreachable", self.redact(str(exc) or type(exc).__name__)
+            except httpx.TimeoutException as exc:
+                trial.error, trial.detail = "timeout", self.redact(str(exc) or type(exc).__name__)
+            except httpx.HTTPError as exc:
+                trial.error, trial.detail = "error", self.redact(f"{type(exc).__name__}: {exc}")
+            parent_id = parent.get_span_context().span_id
+        self._read_spans(trial, parent_id)
+        return trial
+
+    def _read_spans(self, trial: Trial, parent_id: int) -> None:
+        spans = list(self.exporter.get_finished_spans())
+        calls = [s for s in spans if s.kind == SpanKind.CLIENT and s.parent is not None
+                 and s.parent.span_id == parent_id]
+        if not calls:
+            return
+        call = calls[0]
+        children = [s for s in spans if s.parent is not None and s.parent.span_id == call.context.span_id]
+        error, status = trial.error, trial.status
+        trial_from_spans(trial, call, children)
+        trial.error = error
+        if status is not None:
+            trial.status = status
+
+    def concurrent(self, level: int) -> list[Trial]:
+        """``level`` requests released together (one thread each), in start order."""
+        barrier = threading.Barrier(level)
+        results: list[Trial | None] = [None] * level
+        t0: list[float] = []
+        lock = threading.Lock()
+
+        def work(i: int) -> None:
+            with lock:
+                if not t0:
+                    t0.append(time.perf_counter())
+            results[i] = self.one("concurrent", i, level, barrier, t0)
+
+        threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(level)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return [r for r in results if r is not None]

@@ -1,0 +1,215 @@
+"""Verdicts: pure functions from measured results to stable codes with evidence and remedy.
+
+Codes (stable; scripts may rely on them): ``unreachable``, ``http_error``, ``auth_missing``,
+``cold_start``, ``prefill_bound``, ``decode_bound``, ``queueing``, ``shared_compute``,
+``buffering``, ``healthy``. The first verdict of the list is the primary one.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .trials import TargetResult, Trial
+
+__all__ = ["CODES", "THRESHOLDS", "Verdict", "median", "verdicts"]
+
+CODES = ("unreachable", "http_error", "auth_missing", "cold_start", "prefill_bound", "decode_bound",
+         "queueing", "shared_compute", "buffering", "healthy")
+
+THRESHOLDS = {
+    # cold trial's ttft exceeds the warm median by this much (s) and by this factor
+    "cold_excess_s": 0.25,
+    "cold_factor": 2.0,
+    # native prompt evaluation is this share of the warm ttft, and the ttft is at least this long
+    "prefill_share": 0.6,
+    "prefill_min_ttft_s": 0.5,
+    # decode is this share of the warm call time and the generation rate is below this (tokens/s)
+    "decode_share": 0.7,
+    "decode_low_rate": 20.0,
+    # at concurrency 2, the later request's ttft grows by this share of a whole first request
+    "queue_share": 0.6,
+    "queue_min_s": 0.05,
+    # overlapping requests generate at less than this share of the warm rate
+    "shared_rate_share": 0.7,
+    # share of the warm trials the instrumentation found buffered
+    "buffered_share": 0.5,
+}
+
+EXPLAIN = {
+    "unreachable": "A connection refusal means no reachable listener answered at that address and port.",
+    "http_error": "An HTTP error means a listener did answer: inspect the status, response body, "
+                  "request route, authentication and server logs.",
+    "auth_missing": "The listener answered but refused the caller: credentials are missing or rejected.",
+}
+
+
+@dataclass
+class Verdict:
+    code: str
+    summary: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    remedy: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def median(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def _r(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _reachability(result: TargetResult) -> Verdict | None:
+    first = result.reachable
+    if first is None or first.ok:
+        return None
+    if first.error in ("unreachable", "timeout", "error") and first.status is None:
+        code = "unreachable"
+        summary = f"no listener answered at {result.url}" if first.error == "unreachable" \
+            else f"the request to {result.url} failed ({first.error})"
+        return Verdict(code, summary + ". " + EXPLAIN["unreachable"],
+                       {"error": first.error, "detail": first.detail},
+                       "start the runtime or fix the address and port (check the listener it actually bound)")
+    status = first.status
+    evidence = {"status": status, "body": first.detail, "auth_sent": result.auth_sent}
+    if status in (401, 403):
+        how = "the credentials sent were rejected" if result.auth_sent else "no credentials were sent"
+        return Verdict("auth_missing", f"HTTP {status}: {how}. " + EXPLAIN["auth_missing"], evidence,
+                       "pass --auth-env VAR naming an environment variable that holds a valid token"
+                       if not result.auth_sent else "check the token in the environment variable and the "
+                       "gateway's authorization rules")
+    remedy = "inspect the server logs for this request"
+    summary = f"HTTP {status}. " + EXPLAIN["http_error"]
+    if status == 404:
+        summary = "HTTP 404: wrong route or model. " + EXPLAIN["http_error"]
+        remedy = f"check the route for --api {result.api} and that model {result.model!r} exists on the server"
+    return Verdict("http_error", summary, evidence, remedy)
+
+
+def _cold(result: TargetResult, warm: list[Trial]) -> Verdict | None:
+    cold = result.cold
+    warm_ttft = median(t.ttft for t in warm)
+    if cold is None or cold.ttft is None or warm_ttft is None:
+        return None
+    excess = cold.ttft - warm_ttft
+    by_timing = excess >= THRESHOLDS["cold_excess_s"] and cold.ttft >= THRESHOLDS["cold_factor"] * warm_ttft
+    if not by_timing:
+        return None
+    evidence = {"cold_ttft_s": _r(cold.ttft), "warm_median_ttft_s": _r(warm_ttft), "excess_s": _r(excess)}
+    if cold.load is not None:
+        evidence["native_load_duration_s"] = _r(cold.load)
+    summary = f"the first request waited {excess:.2f} s longer for its first token than warm ones"
+    if cold.load is not None and cold.load >= 0.5 * excess:
+        summary += f" (the runtime reported {cold.load:.2f} s of model loading)"
+    return Verdict("cold_start", summary, evidence, "model loading; keep the model resident "
+                   "(raise the runtime's keep-alive / idle unload time, or warm it up before use)")
+
+
+def _prefill(warm: list[Trial]) -> Verdict | None:
+    ttft = median(t.ttft for t in warm)
+    prefill = median(t.prompt_eval for t in warm)
+    if ttft is None or prefill is None or ttft < THRESHOLDS["prefill_min_ttft_s"]:
+        return None
+    share = prefill / ttft
+    if share < THRESHOLDS["prefill_share"]:
+        return None
+    return Verdict("prefill_bound", f"prompt evaluation takes {share:.0%} of the {ttft:.2f} s to the first token",
+                   {"warm_median_ttft_s": _r(ttft), "native_prompt_eval_s": _r(prefill), "share": _r(share),
+                    "prompt_tokens": median(t.prompt_tokens for t in warm)},
+                   "shorten the prompt (history, documents, tool schemas), reuse the prefix cache, or use "
+                   "faster prompt processing (GPU offload, batch size) in the runtime's documented settings")
+
+
+def _decode(warm: list[Trial]) -> Verdict | None:
+    total = median(t.total for t in warm)
+    decode = median(t.decode for t in warm)
+    rate = median(t.native_rate if t.native_rate is not None else t.client_rate for t in warm)
+    if total is None or decode is None or total <= 0 or rate is None:
+        return None
+    share = decode / total
+    if share <= THRESHOLDS["decode_share"] or rate >= THRESHOLDS["decode_low_rate"]:
+        return None
+    return Verdict("decode_bound", f"token generation takes {share:.0%} of the call at {rate:.1f} tokens/s",
+                   {"warm_median_total_s": _r(total), "warm_median_decode_s": _r(decode), "share": _r(share),
+                    "generation_rate_tps": _r(rate, 1)},
+                   "generation is compute/memory-bandwidth bound: use a smaller or more quantized model, "
+                   "offload more layers to the accelerator, or ask for fewer output tokens")
+
+
+def _level(result: TargetResult, level: int) -> list[Trial]:
+    return [t for t in result.concurrency.get(level, []) if t.ok]
+
+
+def _queueing(result: TargetResult, warm: list[Trial]) -> Verdict | None:
+    pair = _level(result, 2)
+    if len(pair) < 2 or any(t.ttft is None for t in pair):
+        return None
+    first, second = sorted(pair, key=lambda t: t.ttft or 0.0)[:2]
+    whole = first.total if first.total is not None else median(t.total for t in warm)
+    if whole is None or first.ttft is None or second.ttft is None:
+        return None
+    growth = second.ttft - first.ttft
+    if growth < THRESHOLDS["queue_min_s"] or growth < THRESHOLDS["queue_share"] * whole:
+        return None
+    evidence = {"first_ttft_s": _r(first.ttft), "second_ttft_s": _r(second.ttft), "growth_s": _r(growth),
+                "first_request_total_s": _r(whole), "growth_share": _r(growth / whole if whole else None)}
+    if second.queue is not None:
+        evidence["native_queue_s"] = _r(second.queue)
+    return Verdict("queueing", f"with 2 concurrent requests the second waited {growth:.2f} s more for its first "
+                   f"token, about a whole first request ({whole:.2f} s)", evidence,
+                   "the runtime serializes; raise its parallel slots or queue deliberately")
+
+
+def _shared(result: TargetResult, warm: list[Trial]) -> Verdict | None:
+    levels = sorted(level for level in result.concurrency if level >= 2 and len(_level(result, level)) >= 2)
+    base = median(t.client_rate for t in warm)
+    if not levels or base is None or base <= 0:
+        return None
+    level = levels[-1]
+    rate = median(t.client_rate for t in _level(result, level))
+    if rate is None or rate >= THRESHOLDS["shared_rate_share"] * base:
+        return None
+    return Verdict("shared_compute", f"at concurrency {level} each request generates at {rate:.1f} tokens/s, "
+                   f"{rate / base:.0%} of the {base:.1f} tokens/s of a lone request",
+                   {"concurrency": level, "rate_tps": _r(rate, 1), "warm_rate_tps": _r(base, 1),
+                    "share": _r(rate / base)},
+                   "concurrent requests share compute/memory bandwidth: limit concurrency, or add capacity")
+
+
+def _buffering(warm: list[Trial]) -> Verdict | None:
+    judged = [t for t in warm if t.stream_buffered is not None]
+    if not judged:
+        return None
+    buffered = sum(1 for t in judged if t.stream_buffered)
+    if buffered / len(judged) < THRESHOLDS["buffered_share"] or buffered == 0:
+        return None
+    gap = median(t.max_chunk_gap for t in warm)
+    return Verdict("buffering", f"{buffered} of {len(judged)} warm streams arrived in bursts after silences "
+                   f"(median longest gap {gap or 0:.3f} s): an intermediary buffers the stream",
+                   {"buffered_trials": buffered, "judged_trials": len(judged), "median_max_chunk_gap_s": _r(gap)},
+                   "an intermediary buffers the stream: disable response buffering in the proxy/gateway "
+                   "(e.g. proxy_buffering off, X-Accel-Buffering: no) or read the stream incrementally in the client")
+
+
+def verdicts(result: TargetResult) -> list[Verdict]:
+    """Verdicts for one target, the primary (most decisive) first; ``healthy`` when nothing is found."""
+    failed = _reachability(result)
+    if failed is not None:
+        return [failed]
+    warm = result.ok_warm()
+    found = [v for v in (_cold(result, warm), _queueing(result, warm), _buffering(warm), _prefill(warm),
+                         _decode(warm), _shared(result, warm)) if v is not None]
+    if found:
+        return found
+    ttft = median(t.ttft for t in warm)
+    rate = median(t.client_rate for t in warm)
+    return [Verdict("healthy", "no problem found: warm, concurrent and streamed calls behave",
+                    {"warm_trials": len(warm), "warm_median_ttft_s": _r(ttft), "warm_median_rate_tps": _r(rate, 1)},
+                    "nothing to change")]

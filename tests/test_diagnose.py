@@ -1,0 +1,262 @@
+"""``otel-llm diagnose``: one simulator scenario per injected bottleneck, plus pure verdict tests."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import otel_llm
+from otel_llm.diagnose.cli import parse_args, run
+from otel_llm.diagnose.trials import TargetResult, Trial, request_for
+from otel_llm.diagnose.verdicts import CODES, Verdict, verdicts
+
+from .conftest import configure_sim
+
+SECRET = "sk-diagnose-test-secret-9f3b2c"
+
+
+@pytest.fixture(autouse=True)
+def _traces_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "traces.jsonl"
+    monkeypatch.setenv("OTEL_LLM_TRACES_FILE", str(path))
+    return path
+
+
+def diagnose(url: str, tmp_path: Path, *extra: str) -> tuple[int, dict[str, Any]]:
+    record = tmp_path / "diagnose.json"
+    try:
+        code = run(parse_args([url, "--model", "sim-model", "--quick", "--json", str(record), *extra]))
+    finally:
+        assert not otel_llm.is_instrumented()
+    return code, json.loads(record.read_text())
+
+
+def primary(data: dict[str, Any]) -> str:
+    return data["targets"][0]["primary"]
+
+
+def codes(data: dict[str, Any]) -> list[str]:
+    return [v["code"] for v in data["targets"][0]["verdicts"]]
+
+
+# --- scenarios against the simulator -------------------------------------------------------------
+
+
+def test_healthy_no_false_alarm(sim: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                _traces_file: Path) -> None:
+    code, data = diagnose(sim.base_url, tmp_path)
+    assert code == 0
+    assert codes(data) == ["healthy"]
+    out = capsys.readouterr().out
+    for step in ("[1] reachability", "[2] warm-up", "[3] concurrency sweep", "[4] streaming check", "healthy"):
+        assert step in out
+    # every trial is a traced call, also written to the JSONL traces file
+    assert _traces_file.exists() and "llm.client.time_to_first_token" in _traces_file.read_text()
+
+
+def test_cold_start(sim: Any, tmp_path: Path) -> None:
+    configure_sim(sim, cold_delay=1.0)
+    _, data = diagnose(sim.base_url, tmp_path)
+    assert primary(data) == "cold_start"
+    verdict = data["targets"][0]["verdicts"][0]
+    assert verdict["evidence"]["excess_s"] > 0.8
+    # cold never mixed with warm
+    target = data["targets"][0]
+    assert target["cold"]["ttft"] > 1.0
+    assert all(t["ttft"] < 0.5 for t in target["warm"])
+
+
+def test_queueing(sim: Any, tmp_path: Path) -> None:
+    configure_sim(sim, concurrency="serialized")
+    _, data = diagnose(sim.base_url, tmp_path)
+    assert primary(data) == "queueing"
+    assert "serializes" in data["targets"][0]["verdicts"][0]["remedy"]
+
+
+def test_buffering(sim: Any, tmp_path: Path) -> None:
+    configure_sim(sim, buffering=True, buffer_flush_interval=0.15, token_interval=0.01)
+    _, data = diagnose(sim.base_url, tmp_path)
+    assert primary(data) == "buffering"
+    assert data["targets"][0]["streaming"]["buffered_trials"] >= 1
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, data = diagnose(f"http://127.0.0.1:{_free_port()}", tmp_path)
+    assert code == 1
+    assert codes(data) == ["unreachable"]
+    assert data["targets"][0]["warm"] == []
+    assert "no reachable listener" in capsys.readouterr().out
+
+
+def test_http_error_404(sim: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    configure_sim(sim, error_status=404)
+    code, data = diagnose(sim.base_url, tmp_path)
+    assert code == 1
+    assert codes(data) == ["http_error"]
+    verdict = data["targets"][0]["verdicts"][0]
+    assert verdict["evidence"]["status"] == 404
+    assert "wrong route or model" in verdict["summary"]
+    assert "a listener did answer" in capsys.readouterr().out
+
+
+def test_auth_missing_401(sim: Any, tmp_path: Path) -> None:
+    configure_sim(sim, error_status=401)
+    _, data = diagnose(sim.base_url, tmp_path)
+    assert codes(data) == ["auth_missing"]
+    assert data["targets"][0]["verdicts"][0]["evidence"]["auth_sent"] is False
+
+
+def test_secret_never_printed_or_recorded(sim: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                          monkeypatch: pytest.MonkeyPatch, _traces_file: Path) -> None:
+    monkeypatch.setenv("DIAG_TOKEN", SECRET)
+    code, data = diagnose(sim.base_url, tmp_path, "--auth-env", "DIAG_TOKEN")
+    assert code == 0
+    assert data["config"]["auth_sent"] is True and data["config"]["auth_env"] == "DIAG_TOKEN"
+    configure_sim(sim, error_status=403)
+    _, rejected = diagnose(sim.base_url, tmp_path, "--auth-env", "DIAG_TOKEN")
+    assert codes(rejected) == ["auth_missing"]
+    out = capsys.readouterr()
+    assert SECRET not in out.out and SECRET not in out.err
+    assert SECRET not in (tmp_path / "diagnose.json").read_text()
+    assert SECRET not in json.dumps(data)
+    assert SECRET not in _traces_file.read_text()
+
+
+def test_missing_auth_env_is_an_error(sim: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DIAG_TOKEN_UNSET", raising=False)
+    assert run(parse_args([sim.base_url, "--model", "m", "--auth-env", "DIAG_TOKEN_UNSET"])) == 2
+
+
+def test_json_structure(sim: Any, tmp_path: Path) -> None:
+    code, data = diagnose(sim.base_url, tmp_path, "--trials", "3")
+    assert code == 0
+    config = data["config"]
+    for key in ("model", "api", "urls", "trials", "max_tokens", "max_concurrency", "client_host", "runtimes"):
+        assert key in config
+    assert config["model"] == "sim-model" and config["api"] == "openai" and config["urls"] == [sim.base_url]
+    assert config["trials"] == 3 and config["max_tokens"] == 16 and config["max_concurrency"] == 2
+    assert config["client_host"] == socket.gethostname()
+    assert config["runtimes"][0]["name"]
+    target = data["targets"][0]
+    assert target["reachability"]["status"] == 200
+    assert target["cold"]["kind"] == "cold"
+    assert len(target["warm"]) == 3 and all(t["kind"] == "warm" for t in target["warm"])
+    assert set(target["concurrency"]) == {"1", "2"} and len(target["concurrency"]["2"]) == 2
+    for trial in target["warm"]:
+        assert trial["ttfb"] > 0 and trial["ttft"] >= trial["ttfb"] and trial["client_rate"] > 0
+        assert trial["trace_id"] and len(trial["trace_id"]) == 32
+        assert "llm.server_wait" in trial["phases"]
+    assert target["warm_stats"]["ttft"]["n"] == 3
+    assert target["warm_stats"]["ttft"]["min"] <= target["warm_stats"]["ttft"]["median"] \
+        <= target["warm_stats"]["ttft"]["max"]
+    assert {"code", "summary", "evidence", "remedy"} <= set(target["verdicts"][0])
+
+
+def test_two_targets_side_by_side(sim: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    down = f"http://127.0.0.1:{_free_port()}"
+    record = tmp_path / "two.json"
+    code = run(parse_args([sim.base_url, down, "--model", "sim-model", "--quick", "--trials", "1",
+                           "--json", str(record)]))
+    data = json.loads(record.read_text())
+    assert code == 1
+    assert [t["primary"] for t in data["targets"]] == ["healthy", "unreachable"]
+    header = [line for line in capsys.readouterr().out.splitlines() if line.startswith("phase (warm)")][0]
+    assert sim.base_url in header and down in header
+
+
+def test_subcommand_registered() -> None:
+    from otel_llm.cli.main import COMMANDS
+
+    assert "diagnose" in [c.name for c in COMMANDS]
+
+
+# --- pure verdicts ----------------------------------------------------------------------------
+
+
+def warm(n: int = 5, **fields: Any) -> list[Trial]:
+    base = {"ttfb": 0.01, "ttft": 0.05, "decode": 0.15, "total": 0.2, "client_rate": 100.0,
+            "stream_buffered": False, "max_chunk_gap": 0.01}
+    base.update(fields)
+    return [Trial(kind="warm", index=i, **base) for i in range(n)]
+
+
+def result(**fields: Any) -> TargetResult:
+    defaults: dict[str, Any] = {"url": "http://x", "reachable": Trial(kind="cold", status=200, ttft=0.05,
+                                                                      total=0.2, client_rate=100.0),
+                                "warm": warm()}
+    defaults.update(fields)
+    return TargetResult(**defaults)
+
+
+def test_verdicts_healthy() -> None:
+    found = verdicts(result())
+    assert [v.code for v in found] == ["healthy"]
+    assert isinstance(found[0], Verdict) and found[0].evidence["warm_trials"] == 5
+
+
+def test_verdicts_reachability() -> None:
+    assert verdicts(result(reachable=Trial(kind="cold", error="unreachable")))[0].code == "unreachable"
+    assert verdicts(result(reachable=Trial(kind="cold", error="http_error", status=500)))[0].code == "http_error"
+    assert verdicts(result(reachable=Trial(kind="cold", error="http_error", status=403)))[0].code == "auth_missing"
+    not_found = verdicts(result(reachable=Trial(kind="cold", error="http_error", status=404)))
+    assert [v.code for v in not_found] == ["http_error"] and "wrong route or model" in not_found[0].summary
+
+
+def test_verdicts_cold_start_with_native_load() -> None:
+    found = verdicts(result(reachable=Trial(kind="cold", status=200, ttft=2.1, load=2.0, total=2.3)))
+    assert found[0].code == "cold_start"
+    assert found[0].evidence["native_load_duration_s"] == 2.0 and "keep the model resident" in found[0].remedy
+    # a slightly slower first request (fresh connection) is no cold start
+    assert verdicts(result(reachable=Trial(kind="cold", status=200, ttft=0.08)))[0].code == "healthy"
+
+
+def test_verdicts_prefill_bound() -> None:
+    found = verdicts(result(warm=warm(ttft=2.0, prompt_eval=1.8, total=2.2, decode=0.15)))
+    assert found[0].code == "prefill_bound" and found[0].evidence["share"] == 0.9
+    # short waits are not worth a verdict even when prefill is all of them
+    assert verdicts(result(warm=warm(ttft=0.05, prompt_eval=0.05)))[0].code == "healthy"
+
+
+def test_verdicts_decode_bound() -> None:
+    found = verdicts(result(warm=warm(ttft=0.2, decode=3.0, total=3.2, client_rate=5.0, native_rate=5.5)))
+    assert found[0].code == "decode_bound" and found[0].evidence["generation_rate_tps"] == 5.5
+    # decode share alone at a fast rate is the normal shape of a healthy stream
+    assert verdicts(result(warm=warm(decode=0.16, total=0.2, client_rate=100.0)))[0].code == "healthy"
+
+
+def test_verdicts_queueing_and_shared_compute() -> None:
+    serialized = {2: [Trial(kind="concurrent", ttft=0.05, total=0.2, client_rate=100.0),
+                      Trial(kind="concurrent", index=1, ttft=0.25, total=0.4, client_rate=100.0)]}
+    found = verdicts(result(concurrency=serialized))
+    assert [v.code for v in found] == ["queueing"]
+    assert found[0].evidence["growth_s"] == 0.2
+    shared = {2: [Trial(kind="concurrent", ttft=0.06, total=0.35, client_rate=50.0),
+                  Trial(kind="concurrent", index=1, ttft=0.07, total=0.36, client_rate=49.0)]}
+    found = verdicts(result(concurrency=shared))
+    assert [v.code for v in found] == ["shared_compute"] and found[0].evidence["rate_tps"] == 49.5
+
+
+def test_verdicts_buffering() -> None:
+    found = verdicts(result(warm=warm(stream_buffered=True, max_chunk_gap=0.15)))
+    assert found[0].code == "buffering" and found[0].evidence["median_max_chunk_gap_s"] == 0.15
+    assert all(v.code in CODES for v in found)
+
+
+def test_request_payloads() -> None:
+    url, body = request_for("openai", "http://h:1/v1/", "m", 8)
+    assert url == "http://h:1/v1/chat/completions" and body["stream_options"] == {"include_usage": True}
+    assert body["max_tokens"] == 8 and body["stream"] is True
+    url, body = request_for("ollama", "http://h:1", "m", 8)
+    assert url == "http://h:1/api/chat" and body["options"]["num_predict"] == 8
+    url, body = request_for("llamacpp", "http://h:1", "m", 8)
+    assert url == "http://h:1/completion" and body["n_predict"] == 8
