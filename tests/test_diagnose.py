@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +54,8 @@ def test_healthy_no_false_alarm(sim: Any, tmp_path: Path, capsys: pytest.Capture
     assert code == 0
     assert codes(data) == ["healthy"]
     out = capsys.readouterr().out
-    for step in ("[1] reachability", "[2] warm-up", "[3] concurrency sweep", "[4] streaming check", "healthy"):
+    for step in ("[1] reachability", "[2] warm-up", "[3] prompt-size sweep", "[4] concurrency sweep",
+                 "[5] streaming check", "healthy"):
         assert step in out
     # every trial is a traced call, also written to the JSONL traces file
     assert _traces_file.exists() and "llm.client.time_to_first_token" in _traces_file.read_text()
@@ -260,3 +263,37 @@ def test_request_payloads() -> None:
     assert url == "http://h:1/api/chat" and body["options"]["num_predict"] == 8
     url, body = request_for("llamacpp", "http://h:1", "m", 8)
     assert url == "http://h:1/completion" and body["n_predict"] == 8
+
+
+def test_prefill_fit_is_least_squares() -> None:
+    from otel_llm.diagnose.sweep import fit
+    from otel_llm.diagnose.trials import Trial
+
+    trials = [Trial(kind="prompt", input_tokens=n, prompt_eval=0.01 + n / 250, ttft=0.03 + n / 200)
+              for n in (40, 260, 1000)]
+    fitted = fit(trials)
+    assert abs(fitted["native"]["tokens_per_second"] - 250) < 1e-6
+    assert abs(fitted["client"]["tokens_per_second"] - 200) < 1e-6
+    assert abs(fitted["native"]["fixed_s"] - 0.01) < 1e-9
+    assert fit([Trial(kind="prompt", input_tokens=10, ttft=0.1)])["client"] is None  # one point: no line
+    no_native = fit([Trial(kind="prompt", input_tokens=n, ttft=n / 100) for n in (10, 20)])
+    assert no_native["native"] is None and no_native["client"] is not None
+
+
+def test_prompt_sweep_on_the_real_llamacpp_server(tmp_path: Path) -> None:
+    """Native prompt evaluation grows with the prompt: the fitted prefill rate is a real number."""
+    from otel_llm.testing import LlamaServer
+
+    record_file = tmp_path / "record.json"
+    with LlamaServer(slots=2) as server:
+        result = subprocess.run([sys.executable, "-m", "otel_llm.cli.main", "diagnose", server.base_url,
+                                 "--model", "gemma", "--quick", "--json", str(record_file)],
+                                cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "fitted prefill rate (native)" in result.stdout
+    target = json.loads(record_file.read_text())["targets"][0]
+    points = target["prompt_sweep"]
+    assert len(points) == 2 and points[1]["prompt_tokens"] > 5 * points[0]["prompt_tokens"]
+    assert points[1]["native_prompt_eval_s"] > points[0]["native_prompt_eval_s"]
+    assert 30 < target["prefill_fit"]["native"]["tokens_per_second"] < 5000
+    assert target["runtime"]["name"] == "llama.cpp"

@@ -7,12 +7,14 @@ import os
 import socket
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
 import httpx
 
-from .trials import APIS, TargetResult, TrialRunner
+from . import sweep
+from .trials import APIS, TargetResult, TrialRunner, sweep_prompt
 from .verdicts import EXPLAIN, Verdict, median, verdicts
 from . import report
 
@@ -187,14 +189,25 @@ def _diagnose(runner: TrialRunner, url: str, args: argparse.Namespace, settings:
         f"{label} {report._fmt(s['median'], unit)}" for (label, _a, unit), s in
         zip(report.PHASES, stats.values()) if s["median"] is not None))
 
-    say(f"[3] concurrency sweep 1..{settings['max_concurrency']}")
+    say(f"[3] prompt-size sweep, output limit fixed at {settings['max_tokens']} tokens")
+    for sentences in (sweep.QUICK_SIZES if args.quick else sweep.SIZES):
+        trial = runner.one("prompt", sentences, prompt=sweep_prompt(sentences, uuid.uuid4().hex[:8]))
+        result.prompt_sweep.append(trial)
+        say(f"    {trial.input_tokens or trial.prompt_tokens or '?'} prompt tokens: " + report.trial_line(trial))
+    fitted = sweep.fit(result.prompt_sweep)
+    for label in ("native", "client"):
+        if fitted.get(label):
+            say(f"    fitted prefill rate ({label}): {fitted[label]['tokens_per_second']:.0f} tokens/s, "
+                f"{fitted[label]['fixed_s'] * 1000:.0f} ms fixed")
+
+    say(f"[4] concurrency sweep 1..{settings['max_concurrency']}")
     for level in range(1, settings["max_concurrency"] + 1):
         trials = runner.concurrent(level)
         result.concurrency[level] = trials
         for trial in sorted(trials, key=lambda t: t.start):
             say("    " + report.trial_line(trial))
 
-    say("[4] streaming check (warm trials)")
+    say("[5] streaming check (warm trials)")
     judged = [t for t in result.warm if t.stream_buffered is not None]
     buffered = sum(1 for t in judged if t.stream_buffered)
     gap = median(t.max_chunk_gap for t in result.warm)

@@ -6,6 +6,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .sweep import fit
 from .trials import TargetResult, Trial
 from .verdicts import Verdict, median
 
@@ -108,6 +109,8 @@ def json_record(config: dict[str, Any], results: Sequence[TargetResult],
             "warm_stats": phase_stats(result.ok_warm()),
             "concurrency": {str(level): [t.to_dict() for t in trials] for level, trials in
                             sorted(result.concurrency.items())},
+            "prompt_sweep": fit(result.prompt_sweep)["points"],
+            "prefill_fit": {k: v for k, v in fit(result.prompt_sweep).items() if k != "points"},
             "streaming": {
                 "buffered_trials": sum(1 for t in result.warm if t.stream_buffered),
                 "judged_trials": sum(1 for t in result.warm if t.stream_buffered is not None),

@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-__all__ = ["APIS", "TargetResult", "Trial", "TrialRunner", "request_for"]
+__all__ = ["APIS", "TargetResult", "Trial", "TrialRunner", "request_for", "sweep_prompt"]
 
 APIS = ("openai", "ollama", "llamacpp")
 PROMPT = "Count from one to ten, separated by spaces."
@@ -39,7 +39,8 @@ class Trial:
     client_rate: float | None = None
     native_rate: float | None = None
     prompt_eval: float | None = None
-    prompt_tokens: int | None = None
+    prompt_tokens: int | None = None  # evaluated by the runtime (cached ones excluded)
+    input_tokens: int | None = None  # the whole prompt, as the response's usage reports it
     load: float | None = None
     queue: float | None = None
     output_tokens: int | None = None
@@ -72,6 +73,7 @@ class TargetResult:
     reachable: Trial | None = None  # step 1's request, also the cold trial when it succeeded
     warm: list[Trial] = field(default_factory=list)
     concurrency: dict[int, list[Trial]] = field(default_factory=dict)
+    prompt_sweep: list[Trial] = field(default_factory=list)  # same output limit, growing prompts
     runtime_name: str | None = None
     runtime_version: str | None = None
 
@@ -83,23 +85,30 @@ class TargetResult:
         return [t for t in self.warm if t.ok]
 
 
-def request_for(api: str, base_url: str, model: str, max_tokens: int) -> tuple[str, dict[str, Any]]:
+def sweep_prompt(sentences: int, nonce: str) -> str:
+    """A prompt of about 12 tokens per sentence; the nonce keeps it out of any prefix cache."""
+    notes = " ".join(f"Note {i}: the shipment left the harbour on time." for i in range(sentences))
+    return f"[{nonce}] {notes} {PROMPT}"
+
+
+def request_for(api: str, base_url: str, model: str, max_tokens: int,
+                prompt: str = PROMPT) -> tuple[str, dict[str, Any]]:
     """The generation URL and streaming JSON payload of ``api``."""
     base = base_url.rstrip("/")
     if api == "openai":
         if base.endswith("/v1"):
             base = base[: -len("/v1")]
         return base + "/v1/chat/completions", {
-            "model": model, "messages": [{"role": "user", "content": PROMPT}], "stream": True,
+            "model": model, "messages": [{"role": "user", "content": prompt}], "stream": True,
             "stream_options": {"include_usage": True}, "max_tokens": max_tokens,
         }
     if api == "ollama":
         return base + "/api/chat", {
-            "model": model, "messages": [{"role": "user", "content": PROMPT}], "stream": True,
+            "model": model, "messages": [{"role": "user", "content": prompt}], "stream": True,
             "options": {"num_predict": max_tokens},
         }
     if api == "llamacpp":
-        return base + "/completion", {"model": model, "prompt": PROMPT, "stream": True, "n_predict": max_tokens}
+        return base + "/completion", {"model": model, "prompt": prompt, "stream": True, "n_predict": max_tokens}
     raise ValueError(f"unknown api {api!r}; one of {APIS}")
 
 
@@ -130,6 +139,7 @@ def trial_from_spans(trial: Trial, call: ReadableSpan, children: list[ReadableSp
     trial.native_rate = _num(a, "llm.runtime.generation_rate")
     trial.prompt_eval = _num(a, "llm.runtime.prompt_eval_duration")
     trial.prompt_tokens = _int(a, "llm.runtime.prompt_tokens")
+    trial.input_tokens = _int(a, "gen_ai.usage.input_tokens")
     trial.load = _num(a, "llm.runtime.load_duration")
     trial.queue = _num(a, "llm.runtime.queue_duration")
     trial.output_tokens = _int(a, "llm.runtime.generation_tokens") or _int(a, "gen_ai.usage.output_tokens")
@@ -164,6 +174,7 @@ class TrialRunner:
         self.tracer = tracer_provider.get_tracer("otel_llm.diagnose")
         self.exporter = exporter
         self.url, self.payload = request_for(api, url, model, max_tokens)
+        self._request = (api, url, model, max_tokens)
         self.api = api
         self.headers = dict(headers)
         self.redact = redact
@@ -173,8 +184,9 @@ class TrialRunner:
         self.client.close()
 
     def one(self, kind: str, index: int = 0, concurrency: int = 1, barrier: threading.Barrier | None = None,
-            t0: list[float] | None = None) -> Trial:
+            t0: list[float] | None = None, prompt: str | None = None) -> Trial:
         trial = Trial(kind=kind, index=index, concurrency=concurrency)
+        payload = self.payload if prompt is None else request_for(*self._request, prompt=prompt)[1]
         with self.tracer.start_as_current_span(TRIAL_SPAN, kind=SpanKind.INTERNAL, attributes={
             "llm.diagnose.kind": kind, "llm.diagnose.index": index, "llm.diagnose.concurrency": concurrency,
         }) as parent:
@@ -183,25 +195,38 @@ class TrialRunner:
             started = time.perf_counter()
             if t0 is not None:
                 trial.start = started - t0[0] if t0 else 0.0
-            try:
-                with self.client.stream("POST", self.url, json=self.payload, headers=self.headers) as response:
-                    trial.status = response.status_code
-                    if response.status_code >= 400:
-                        body = response.read().decode("utf-8", "replace")
-                        trial.error = "http_error"
-                        trial.detail = self.redact(" ".join(body.split())[:200])
-                    else:
-                        for _ in response.iter_bytes():
-                            pass
-            except httpx.ConnectError as exc:
-                trial.error, trial.detail = "unreachable", self.redact(str(exc) or type(exc).__name__)
-            except httpx.TimeoutException as exc:
-                trial.error, trial.detail = "timeout", self.redact(str(exc) or type(exc).__name__)
-            except httpx.HTTPError as exc:
-                trial.error, trial.detail = "error", self.redact(f"{type(exc).__name__}: {exc}")
+            for attempt in range(2):
+                if not self._send(trial, payload) or attempt:
+                    break
+                # A server may close an idle keep-alive connection just as it is reused (cpp-httplib,
+                # behind llama-server, closes after a few requests): one fresh attempt, as a browser would.
+                trial.error = trial.detail = None
             parent_id = parent.get_span_context().span_id
         self._read_spans(trial, parent_id)
         return trial
+
+    def _send(self, trial: Trial, payload: dict[str, Any]) -> bool:
+        """One request; True when it failed on a reused connection before any response."""
+        try:
+            with self.client.stream("POST", self.url, json=payload, headers=self.headers) as response:
+                trial.status = response.status_code
+                if response.status_code >= 400:
+                    body = response.read().decode("utf-8", "replace")
+                    trial.error = "http_error"
+                    trial.detail = self.redact(" ".join(body.split())[:200])
+                else:
+                    for _ in response.iter_bytes():
+                        pass
+        except httpx.ConnectError as exc:
+            trial.error, trial.detail = "unreachable", self.redact(str(exc) or type(exc).__name__)
+        except httpx.TimeoutException as exc:
+            trial.error, trial.detail = "timeout", self.redact(str(exc) or type(exc).__name__)
+        except httpx.RemoteProtocolError as exc:
+            trial.error, trial.detail = "error", self.redact(f"{type(exc).__name__}: {exc}")
+            return trial.status is None
+        except httpx.HTTPError as exc:
+            trial.error, trial.detail = "error", self.redact(f"{type(exc).__name__}: {exc}")
+        return False
 
     def _read_spans(self, trial: Trial, parent_id: int) -> None:
         spans = list(self.exporter.get_finished_spans())
@@ -209,7 +234,7 @@ class TrialRunner:
                  and s.parent.span_id == parent_id]
         if not calls:
             return
-        call = calls[0]
+        call = max(calls, key=lambda span: span.start_time or 0)  # the attempt that counted
         children = [s for s in spans if s.parent is not None and s.parent.span_id == call.context.span_id]
         error, status = trial.error, trial.status
         trial_from_spans(trial, call, children)
