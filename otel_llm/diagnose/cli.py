@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import sys
@@ -43,6 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="concurrency sweep 1..N (default 2)")
     parser.add_argument("--quick", action="store_true", help="2 warm trials, concurrency up to 2, 16 tokens")
     parser.add_argument("--json", metavar="FILE", help="write the run's configuration, results and verdicts here")
+    parser.add_argument("--html", metavar="FILE", help="write a self-contained HTML report (charts) here")
     parser.add_argument("--auth-env", metavar="VAR",
                         help="environment variable holding a token sent as 'Authorization: Bearer ...'")
     parser.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS",
@@ -142,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
     say("")
     say("primary verdicts: " + ", ".join(f"{r.url} -> {v[0].code}" for r, v in zip(results, found)))
     say(f"done in {elapsed:.1f} s; trials traced to {os.path.abspath(traces_file)}")
-    if args.json:
+    if args.json or args.html:
         config: dict[str, Any] = {
             "model": args.model, "api": args.api, "urls": list(args.urls), "trials": settings["trials"],
             "max_tokens": settings["max_tokens"], "max_concurrency": settings["max_concurrency"],
@@ -152,9 +154,16 @@ def run(args: argparse.Namespace) -> int:
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(time.time() - elapsed)),
             "duration_s": round(elapsed, 3), "traces_file": os.path.abspath(traces_file),
         }
-        with open(args.json, "w", encoding="utf-8") as fh:
-            fh.write(report.json_record(config, results, found, redact) + "\n")
-        say(f"JSON record written to {args.json}")
+        record = report.json_record(config, results, found, redact)
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as fh:
+                fh.write(record + "\n")
+            say(f"JSON record written to {args.json}")
+        if args.html:
+            from .html import write_html
+
+            write_html(json.loads(record), args.html)
+            say(f"HTML report written to {args.html}")
     failed = any(v and v[0].code in ("unreachable", "http_error", "auth_missing") for v in found)
     return 1 if failed else 0
 

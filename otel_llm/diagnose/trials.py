@@ -159,6 +159,8 @@ def trial_from_spans(trial: Trial, call: ReadableSpan, children: list[ReadableSp
         trial.status = status
     trial.trace_id = format(call.context.trace_id, "032x")
     for child in children:
+        if (child.attributes or {}).get("llm.synthesized"):
+            continue  # the runtime's own account overlaps the phases; its numbers are above
         seconds = _seconds(child)
         if seconds is not None:
             trial.phases[child.name] = trial.phases.get(child.name, 0.0) + seconds
