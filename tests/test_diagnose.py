@@ -31,7 +31,8 @@ def _traces_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def diagnose(url: str, tmp_path: Path, *extra: str) -> tuple[int, dict[str, Any]]:
     record = tmp_path / "diagnose.json"
     try:
-        code = run(parse_args([url, "--model", "sim-model", "--quick", "--json", str(record), *extra]))
+        api = [] if "--api" in extra else ["--api", "openai"]  # the simulator serves every flavour's routes
+        code = run(parse_args([url, "--model", "sim-model", "--quick", "--json", str(record), *api, *extra]))
     finally:
         assert not otel_llm.is_instrumented()
     return code, json.loads(record.read_text())
@@ -54,8 +55,8 @@ def test_healthy_no_false_alarm(sim: Any, tmp_path: Path, capsys: pytest.Capture
     assert code == 0
     assert codes(data) == ["healthy"]
     out = capsys.readouterr().out
-    for step in ("[1] reachability", "[2] warm-up", "[3] prompt-size sweep", "[4] concurrency sweep",
-                 "[5] streaming check", "healthy"):
+    for step in ("[1] reachability", "[2] warm-up", "[4] prompt-size sweep", "[5] concurrency sweep",
+                 "[6] streaming check", "healthy"):
         assert step in out
     # every trial is a traced call, also written to the JSONL traces file
     assert _traces_file.exists() and "llm.client.time_to_first_token" in _traces_file.read_text()
@@ -297,3 +298,58 @@ def test_prompt_sweep_on_the_real_llamacpp_server(tmp_path: Path) -> None:
     assert points[1]["native_prompt_eval_s"] > points[0]["native_prompt_eval_s"]
     assert 30 < target["prefill_fit"]["native"]["tokens_per_second"] < 5000
     assert target["runtime"]["name"] == "llama.cpp"
+
+
+def test_deliberate_cold_trials_through_the_ollama_lifecycle_control(tmp_path: Path) -> None:
+    from otel_llm.sim import SimProcess
+
+    with SimProcess(runtime="ollama", cold_delay=0.6, first_token_delay=0.02, token_interval=0.002, tokens=8) as sim:
+        code, data = diagnose(sim.base_url, tmp_path, "--api", "ollama", "--cold", "ollama", "--cold-trials", "2")
+    assert code == 0
+    target = data["targets"][0]
+    assert [t["kind"] for t in target["cold_trials"]] == ["cold", "cold"]
+    assert all(t["ttft"] > 0.55 and abs(t["load"] - 0.6) < 0.1 for t in target["cold_trials"])
+    cold = next(v for v in target["verdicts"] if v["code"] == "cold_start")
+    assert cold["evidence"]["cold_trials"] == 2 and abs(cold["evidence"]["native_load_duration_s"] - 0.6) < 0.1
+
+
+def test_api_is_detected_when_not_given(tmp_path: Path) -> None:
+    from otel_llm.testing import LlamaServer
+
+    with LlamaServer(slots=2) as server:
+        record = tmp_path / "auto.json"
+        assert run(parse_args([server.base_url, "--model", "gemma", "--quick", "--json", str(record)])) == 0
+    target = json.loads(record.read_text())["targets"][0]
+    assert target["api"] == "llamacpp" and target["runtime"]["name"] == "llama.cpp"
+
+
+def test_network_path_between_two_urls_of_the_same_service(tmp_path: Path) -> None:
+    from otel_llm.diagnose.lab import DelayingProxy
+    from otel_llm.sim import SimProcess
+
+    with SimProcess(runtime="llama.cpp", first_token_delay=0.05, token_interval=0.005, tokens=16) as sim:
+        with DelayingProxy("127.0.0.1", sim.port, 0.1) as proxy:
+            code, data = diagnose(sim.base_url, tmp_path, proxy.url, "--api", "openai")
+    assert code == 0
+    direct, remote = data["targets"]
+    assert "network_path" not in [v["code"] for v in direct["verdicts"]]
+    path = next(v for v in remote["verdicts"] if v["code"] == "network_path")
+    assert abs(path["evidence"]["excess_s"] - 0.2) < 0.06  # the proxy's round trip
+
+
+def test_auth_check_through_gateways(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    from otel_llm.diagnose.lab import AuthGateway
+    from otel_llm.sim import SimProcess
+
+    monkeypatch.setenv("DIAG_TOKEN", SECRET)
+    with SimProcess(first_token_delay=0.01, token_interval=0.002, tokens=4) as sim:
+        with AuthGateway(sim.base_url, keys={"ci": SECRET}, max_concurrent=1) as gateway:
+            code, guarded = diagnose(gateway.url, tmp_path, "--api", "openai", "--auth-env", "DIAG_TOKEN",
+                                     "--auth-check", "--max-concurrency", "1")
+        with AuthGateway(sim.base_url, keys={"ci": SECRET}, enforce=False) as gateway:
+            _, open_door = diagnose(gateway.url, tmp_path, "--api", "openai", "--auth-env", "DIAG_TOKEN",
+                                    "--auth-check", "--max-concurrency", "1")
+    assert code == 0 and "auth_missing" not in [v["code"] for v in guarded["targets"][0]["verdicts"]]
+    assert open_door["targets"][0]["primary"] == "auth_missing"
+    out = capsys.readouterr().out
+    assert "[7] authentication check" in out and SECRET not in out

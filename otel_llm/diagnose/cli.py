@@ -15,6 +15,10 @@ from typing import Any
 import httpx
 
 from . import sweep
+from .authcheck import auth_check, auth_findings, auth_verdicts
+from .cold import ColdControl, cold_trials
+from .detect import detect_api
+from .netpath import network_path_verdicts
 from .trials import APIS, TargetResult, TrialRunner, sweep_prompt
 from .verdicts import EXPLAIN, Verdict, median, verdicts
 from . import report
@@ -34,9 +38,18 @@ def _positive_int(text: str) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("urls", nargs="+", metavar="URL", help="base URL of each target, e.g. http://127.0.0.1:11434")
     parser.add_argument("--model", required=True, help="model name sent in every request")
-    parser.add_argument("--api", choices=APIS, default="openai",
+    parser.add_argument("--api", choices=("auto", *APIS), default="auto",
                         help="request flavour: openai (/v1/chat/completions), ollama (/api/chat), "
-                             "llamacpp (/completion); default openai")
+                             "llamacpp (/completion); default auto: detected from side-effect-free routes, "
+                             "else openai")
+    parser.add_argument("--cold", metavar="CONTROL",
+                        help="run cold trials, each from a reset state: 'ollama' (unload with keep_alive 0) "
+                             "or a shell command that returns the runtime to its cold state")
+    parser.add_argument("--cold-trials", type=_positive_int, default=2, metavar="N",
+                        help="cold trials with --cold (default 2)")
+    parser.add_argument("--auth-check", action="store_true",
+                        help="check that unauthenticated and invalid callers are rejected before inference, "
+                             "a diagnostic route is refused and a burst over the limit is answered predictably")
     parser.add_argument("--trials", type=_positive_int, default=None, metavar="N", help="warm trials (default 5)")
     parser.add_argument("--max-tokens", type=_positive_int, default=None, metavar="N",
                         help="output token limit per request (default 32)")
@@ -54,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="otel-llm diagnose")
     add_arguments(parser)
-    return parser.parse_args(argv)
+    return parser.parse_intermixed_args(argv)
 
 
 def _settings(args: argparse.Namespace) -> dict[str, int]:
@@ -120,7 +133,8 @@ def run(args: argparse.Namespace) -> int:
     found: list[list[Verdict]] = []
     try:
         for url in args.urls:
-            runner = TrialRunner(tracer_provider, exporter, url=url, api=args.api, model=args.model,
+            api = args.api if args.api != "auto" else (detect_api(url, headers) or "openai")
+            runner = TrialRunner(tracer_provider, exporter, url=url, api=api, model=args.model,
                                  max_tokens=settings["max_tokens"], headers=headers, timeout=args.timeout,
                                  redact=redact)
             try:
@@ -129,10 +143,13 @@ def run(args: argparse.Namespace) -> int:
                 runner.close()
             results.append(result)
             found.append(verdicts(result))
+            if args.auth_check and result.cold is not None:
+                found[-1] = _auth_step(url, runner.api, args.model, secret, found[-1], say, redact)
             say(f"verdicts for {url}:")
             for line in report.verdict_lines(found[-1]):
                 say(redact(line))
             say("")
+        _add_network_path(results, found, say, redact)
     finally:
         otel_llm.uninstrument()
         tracer_provider.shutdown()
@@ -168,10 +185,38 @@ def run(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _auth_step(url: str, api: str, model: str, secret: str | None, found: list[Verdict],
+               say: Callable[[str], None], redact: Callable[[str], str]) -> list[Verdict]:
+    """Step 7: unauthenticated and invalid callers, a diagnostic route, a burst over the limit."""
+    say("[7] authentication check")
+    checked = auth_check(url, api, model, secret)
+    for line in auth_findings(checked):
+        say("    " + redact(line))
+    missing = auth_verdicts(checked)
+    if not missing:
+        return found
+    return missing + [v for v in found if v.code != "healthy"]
+
+
+def _add_network_path(results: list[TargetResult], found: list[list[Verdict]], say: Callable[[str], None],
+                      redact: Callable[[str], str]) -> None:
+    """Targets of the same service compared side by side: a slower path on identical native timings."""
+    for verdict in network_path_verdicts(results):
+        index = next((i for i, r in enumerate(results) if r.url == verdict.evidence.get("url")), None)
+        if index is None:
+            continue
+        found[index] = [v for v in found[index] if v.code != "healthy"] + [verdict]
+        say(f"verdicts for {results[index].url} (compared with the other targets):")
+        for line in report.verdict_lines([verdict]):
+            say(redact(line))
+        say("")
+
+
 def _diagnose(runner: TrialRunner, url: str, args: argparse.Namespace, settings: dict[str, int],
               auth_sent: bool, say: Callable[[str], None]) -> TargetResult:
-    result = TargetResult(url=url, api=args.api, model=args.model, auth_sent=auth_sent)
-    say(f"== {url} ({args.api}, model {args.model}) -> {runner.url}")
+    result = TargetResult(url=url, api=runner.api, model=args.model, auth_sent=auth_sent)
+    detected = " (detected)" if args.api == "auto" else ""
+    say(f"== {url} ({runner.api}{detected}, model {args.model}) -> {runner.url}")
     say("[1] reachability and correctness: one request (recorded as the cold trial)")
     first = runner.one("cold")
     result.reachable = first
@@ -181,7 +226,7 @@ def _diagnose(runner: TrialRunner, url: str, args: argparse.Namespace, settings:
         say("    " + EXPLAIN.get(code, EXPLAIN["http_error"]) + " Stopping this target.")
         return result
     result.runtime_name = first.runtime
-    result.runtime_version = _runtime_version(args.api, url)
+    result.runtime_version = _runtime_version(runner.api, url)
     runtime = f"{first.runtime or 'unknown'}" + (f" {result.runtime_version}" if result.runtime_version else "")
     say(f"    ok HTTP {first.status}, runtime {runtime}; " + report.trial_line(first))
 
@@ -198,7 +243,17 @@ def _diagnose(runner: TrialRunner, url: str, args: argparse.Namespace, settings:
         f"{label} {report._fmt(s['median'], unit)}" for (label, _a, unit), s in
         zip(report.PHASES, stats.values()) if s["median"] is not None))
 
-    say(f"[3] prompt-size sweep, output limit fixed at {settings['max_tokens']} tokens")
+    if args.cold:
+        say(f"[3] cold trials ({args.cold_trials}), each from a reset state")
+        try:
+            control = ColdControl.parse(args.cold)
+        except ValueError as exc:
+            say(f"    not run: {exc}")
+        else:
+            result.cold_trials = cold_trials(runner, args.cold_trials, control, url, args.model,
+                                             on_trial=lambda trial: say("    " + report.trial_line(trial)))
+
+    say(f"[4] prompt-size sweep, output limit fixed at {settings['max_tokens']} tokens")
     for sentences in (sweep.QUICK_SIZES if args.quick else sweep.SIZES):
         trial = runner.one("prompt", sentences, prompt=sweep_prompt(sentences, uuid.uuid4().hex[:8]))
         result.prompt_sweep.append(trial)
@@ -209,14 +264,14 @@ def _diagnose(runner: TrialRunner, url: str, args: argparse.Namespace, settings:
             say(f"    fitted prefill rate ({label}): {fitted[label]['tokens_per_second']:.0f} tokens/s, "
                 f"{fitted[label]['fixed_s'] * 1000:.0f} ms fixed")
 
-    say(f"[4] concurrency sweep 1..{settings['max_concurrency']}")
+    say(f"[5] concurrency sweep 1..{settings['max_concurrency']}")
     for level in range(1, settings["max_concurrency"] + 1):
         trials = runner.concurrent(level)
         result.concurrency[level] = trials
         for trial in sorted(trials, key=lambda t: t.start):
             say("    " + report.trial_line(trial))
 
-    say("[5] streaming check (warm trials)")
+    say("[6] streaming check (warm trials)")
     judged = [t for t in result.warm if t.stream_buffered is not None]
     buffered = sum(1 for t in judged if t.stream_buffered)
     gap = median(t.max_chunk_gap for t in result.warm)

@@ -109,6 +109,7 @@ def json_record(config: dict[str, Any], results: Sequence[TargetResult],
             "warm_stats": phase_stats(result.ok_warm()),
             "concurrency": {str(level): [t.to_dict() for t in trials] for level, trials in
                             sorted(result.concurrency.items())},
+            "cold_trials": [t.to_dict() for t in result.cold_trials],
             "prompt_sweep": fit(result.prompt_sweep)["points"],
             "prefill_fit": {k: v for k, v in fit(result.prompt_sweep).items() if k != "points"},
             "streaming": {

@@ -74,6 +74,7 @@ class TargetResult:
     warm: list[Trial] = field(default_factory=list)
     concurrency: dict[int, list[Trial]] = field(default_factory=dict)
     prompt_sweep: list[Trial] = field(default_factory=list)  # same output limit, growing prompts
+    cold_trials: list[Trial] = field(default_factory=list)  # deliberate ones (--cold), each from a reset
     runtime_name: str | None = None
     runtime_version: str | None = None
 

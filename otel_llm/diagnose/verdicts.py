@@ -17,7 +17,7 @@ from .trials import TargetResult, Trial
 __all__ = ["CODES", "THRESHOLDS", "Verdict", "median", "verdicts"]
 
 CODES = ("unreachable", "http_error", "auth_missing", "cold_start", "prefill_bound", "decode_bound",
-         "queueing", "shared_compute", "buffering", "healthy")
+         "queueing", "shared_compute", "buffering", "network_path", "healthy")
 
 THRESHOLDS = {
     # cold trial's ttft exceeds the warm median by this much (s) and by this factor
@@ -94,20 +94,26 @@ def _reachability(result: TargetResult) -> Verdict | None:
 
 
 def _cold(result: TargetResult, warm: list[Trial]) -> Verdict | None:
-    cold = result.cold
+    """From the deliberate cold trials (--cold) when there are any, else from the first request."""
+    deliberate = [t for t in result.cold_trials if t.ok]
+    cold_set = deliberate or ([result.cold] if result.cold is not None else [])
+    cold_ttft = median(t.ttft for t in cold_set)
+    load = median(t.load for t in cold_set)
     warm_ttft = median(t.ttft for t in warm)
-    if cold is None or cold.ttft is None or warm_ttft is None:
+    if cold_ttft is None or warm_ttft is None:
         return None
-    excess = cold.ttft - warm_ttft
-    by_timing = excess >= THRESHOLDS["cold_excess_s"] and cold.ttft >= THRESHOLDS["cold_factor"] * warm_ttft
+    excess = cold_ttft - warm_ttft
+    by_timing = excess >= THRESHOLDS["cold_excess_s"] and cold_ttft >= THRESHOLDS["cold_factor"] * warm_ttft
     if not by_timing:
         return None
-    evidence = {"cold_ttft_s": _r(cold.ttft), "warm_median_ttft_s": _r(warm_ttft), "excess_s": _r(excess)}
-    if cold.load is not None:
-        evidence["native_load_duration_s"] = _r(cold.load)
-    summary = f"the first request waited {excess:.2f} s longer for its first token than warm ones"
-    if cold.load is not None and cold.load >= 0.5 * excess:
-        summary += f" (the runtime reported {cold.load:.2f} s of model loading)"
+    evidence = {"cold_ttft_s": _r(cold_ttft), "warm_median_ttft_s": _r(warm_ttft), "excess_s": _r(excess),
+                "cold_trials": len(cold_set)}
+    if load is not None:
+        evidence["native_load_duration_s"] = _r(load)
+    which = f"the {len(deliberate)} cold trials" if deliberate else "the first request"
+    summary = f"{which} waited {excess:.2f} s longer for the first token than warm ones"
+    if load is not None and load >= 0.5 * excess:
+        summary += f" (the runtime reported {load:.2f} s of model loading)"
     return Verdict("cold_start", summary, evidence, "model loading; keep the model resident "
                    "(raise the runtime's keep-alive / idle unload time, or warm it up before use)")
 
