@@ -88,6 +88,19 @@ def test_buffering(sim: Any, tmp_path: Path) -> None:
     assert data["targets"][0]["streaming"]["buffered_trials"] >= 1
 
 
+def test_slow_prefill(sim: Any, tmp_path: Path) -> None:
+    """llama.cpp reports its prompt evaluation: a long one is named, not mistaken for queueing."""
+    configure_sim(sim, runtime="llama.cpp", first_token_delay=0.8, token_interval=0.002, tokens=16)
+    _, data = diagnose(sim.base_url, tmp_path, "--max-concurrency", "1")
+    assert primary(data) == "prefill_bound"
+
+
+def test_slow_decode(sim: Any, tmp_path: Path) -> None:
+    configure_sim(sim, first_token_delay=0.02, token_interval=0.1, tokens=16)  # 10 tokens/s
+    _, data = diagnose(sim.base_url, tmp_path, "--max-concurrency", "1")
+    assert primary(data) == "decode_bound"
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -321,6 +334,10 @@ def test_api_is_detected_when_not_given(tmp_path: Path) -> None:
         assert run(parse_args([server.base_url, "--model", "gemma", "--quick", "--json", str(record)])) == 0
     target = json.loads(record.read_text())["targets"][0]
     assert target["api"] == "llamacpp" and target["runtime"]["name"] == "llama.cpp"
+    # a healthy real server: no false alarm (two slots on two cores may honestly share compute)
+    assert target["primary"] in ("healthy", "shared_compute"), target["verdicts"]
+    warm = target["warm_stats"]
+    assert warm  # sensible numbers, native beside client
 
 
 def test_network_path_between_two_urls_of_the_same_service(tmp_path: Path) -> None:
