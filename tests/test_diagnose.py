@@ -370,3 +370,11 @@ def test_auth_check_through_gateways(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert open_door["targets"][0]["primary"] == "auth_missing"
     out = capsys.readouterr().out
     assert "[7] authentication check" in out and SECRET not in out
+
+
+def test_progress_bar() -> None:
+    from otel_llm.diagnose.report import progress_bar
+
+    assert progress_bar(0, 4, "warm", width=8) == "warm [--------] 0/4"
+    assert progress_bar(2, 4, "warm", width=8) == "warm [####----] 2/4"
+    assert progress_bar(9, 4, "warm", width=8) == "warm [########] 9/4"

@@ -185,6 +185,12 @@ def run(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _progress(done: int, total: int, label: str) -> None:
+    """A progress bar on stderr while a long step runs, only on a terminal (logs stay clean)."""
+    if sys.stderr.isatty():
+        print("\r" + report.progress_bar(done, total, label) + "\x1b[K", end="\r", file=sys.stderr, flush=True)
+
+
 def _auth_step(url: str, api: str, model: str, secret: str | None, found: list[Verdict],
                say: Callable[[str], None], redact: Callable[[str], str]) -> list[Verdict]:
     """Step 7: unauthenticated and invalid callers, a diagnostic route, a burst over the limit."""
@@ -235,6 +241,7 @@ def _diagnose(runner: TrialRunner, url: str, args: argparse.Namespace, settings:
     if not warmup.ok:
         say("    warm-up failed: " + report.trial_line(warmup))
     for i in range(settings["trials"]):
+        _progress(i, settings["trials"], "    warm trials")
         trial = runner.one("warm", i)
         result.warm.append(trial)
         say("    " + report.trial_line(trial))
@@ -254,7 +261,9 @@ def _diagnose(runner: TrialRunner, url: str, args: argparse.Namespace, settings:
                                              on_trial=lambda trial: say("    " + report.trial_line(trial)))
 
     say(f"[4] prompt-size sweep, output limit fixed at {settings['max_tokens']} tokens")
-    for sentences in (sweep.QUICK_SIZES if args.quick else sweep.SIZES):
+    sizes = sweep.QUICK_SIZES if args.quick else sweep.SIZES
+    for done, sentences in enumerate(sizes):
+        _progress(done, len(sizes), "    prompt sizes")
         trial = runner.one("prompt", sentences, prompt=sweep_prompt(sentences, uuid.uuid4().hex[:8]))
         result.prompt_sweep.append(trial)
         say(f"    {trial.input_tokens or trial.prompt_tokens or '?'} prompt tokens: " + report.trial_line(trial))

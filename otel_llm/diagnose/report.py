@@ -121,3 +121,10 @@ def json_record(config: dict[str, Any], results: Sequence[TargetResult],
             "primary": verdicts_[0].code if verdicts_ else None,
         })
     return redact(json.dumps({"config": config, "targets": targets}, indent=2, default=str))
+
+
+def progress_bar(done: int, total: int, label: str, width: int = 24) -> str:
+    """``label [#########---------------] 3/8``: for the long steps, on a terminal."""
+    total = max(1, total)
+    filled = round(width * min(done, total) / total)
+    return f"{label} [{'#' * filled}{'-' * (width - filled)}] {done}/{total}"
