@@ -16,8 +16,11 @@ import pytest
 from otel_llm.sim import SimConfig, SimProcess, SimServer
 from otel_llm.sim.cli import add_arguments, config_from_args
 
-# Holds on a noisy 2-core machine; the simulator itself is ~1 ms accurate.
-TOL = 0.015
+# Client wall-clock tolerance. The simulator's own schedule is ~1 ms accurate (its reported
+# counters are checked to 5 ms), but a client-side measurement on this noisy 2-core machine also
+# carries thread scheduling and request handling: 15 ms failed about one run in three (+16 to
+# +24 ms), so 30 ms.
+TOL = 0.03
 FAST = SimConfig(tokens=4, first_token_delay=0.02, token_interval=0.005)
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "one two three"}]}
 
@@ -530,6 +533,8 @@ def _concurrent_posts(url: str, count: int, body: Any, headers: dict[str, str]) 
     results: list[tuple[float, httpx.Response]] = []
 
     def call(c: httpx.Client) -> None:
+        # open the connection first: the timing under test is the server's, not a TCP handshake's
+        c.get(url.rsplit("/", 1)[0] + "/sim/stats")
         barrier.wait()
         start = time.perf_counter()
         response = c.post(url, json=body, headers=headers)
@@ -575,6 +580,7 @@ def test_cold_delay_first_request_and_after_unload(proc: SimProcess, client: htt
         return time.perf_counter() - start, reply
 
     warm_total = 0.1 + 4 * 0.03
+    client.get(proc.base_url + "/sim/stats")  # connection open before the timed requests
     first, first_body = timed({})
     assert first == pytest.approx(0.2 + warm_total, abs=TOL)
     assert first_body["load_duration"] / 1e9 == pytest.approx(0.2, abs=0.005)
