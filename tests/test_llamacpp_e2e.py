@@ -18,7 +18,7 @@ from otel_llm import semconv as sc
 from otel_llm.testing import LlamaServer
 from tests.conftest import Otel
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.flaky(reruns=2)]
 
 
 @pytest.fixture(scope="module")

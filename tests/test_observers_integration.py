@@ -15,7 +15,7 @@ from otel_llm import semconv as sc
 from otel_llm.testing import LlamaServer
 from tests.conftest import Otel, make_otel
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.flaky(reruns=2)]
 
 
 @pytest.fixture(scope="module")

