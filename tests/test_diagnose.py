@@ -93,7 +93,7 @@ def test_buffering(sim: Any, tmp_path: Path) -> None:
 
 def test_slow_prefill(sim: Any, tmp_path: Path) -> None:
     """llama.cpp reports its prompt evaluation: a long one is named, not mistaken for queueing."""
-    configure_sim(sim, runtime="llama.cpp", first_token_delay=0.8, token_interval=0.002, tokens=16)
+    configure_sim(sim, runtime="llama.cpp", first_token_delay=0.8, token_interval=0.02, tokens=16)
     _, data = diagnose(sim.base_url, tmp_path, "--max-concurrency", "1")
     assert primary(data) == "prefill_bound"
 
