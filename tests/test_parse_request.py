@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -11,17 +10,7 @@ from hypothesis import strategies as st
 from otel_llm.parse import routes as r
 from otel_llm.parse.request import MAX_PARSE_BYTES, RequestInfo, parse_request
 
-FIXTURES = Path(__file__).parent / "fixtures" / "parse"
-ALL_APIS = [
-    r.API_OPENAI_CHAT, r.API_OPENAI_COMPLETIONS, r.API_OPENAI_RESPONSES,
-    r.API_ANTHROPIC_MESSAGES, r.API_OLLAMA_CHAT, r.API_OLLAMA_GENERATE,
-    r.API_LLAMACPP_COMPLETION, r.API_TGI_GENERATE, r.API_TGI_GENERATE_STREAM,
-    r.API_LMSTUDIO_V1_CHAT, r.API_GENERIC, "unknown.api",
-]
-
-
-def load(name: str) -> bytes:
-    return (FIXTURES / name).read_bytes()
+from tests.parse_fixtures import ALL_APIS, load
 
 
 def test_openai_chat() -> None:
