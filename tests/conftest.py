@@ -110,7 +110,8 @@ def sim_stats(sim: Any) -> dict[str, Any]:
     return httpx.get(f"{sim.base_url}/sim/stats", timeout=10).json()
 
 
-def raw_timeline(sim: Any, body: dict, calls: int = 9, path: str = "/v1/chat/completions") -> tuple[float, float, float]:
+def raw_timeline(sim: Any, body: dict, calls: int = 9, path: str = "/v1/chat/completions",
+                 spread: list[float] | None = None) -> tuple[float, float, float]:
     """What the simulator actually did: median (first byte, first token, last token) times after
     the request was sent, seen by a raw socket client with no httpx and no otel_llm in the path.
     On a busy machine the simulator's wake-ups run late; accuracy is judged against this."""
@@ -134,4 +135,6 @@ def raw_timeline(sim: Any, body: dict, calls: int = 9, path: str = "/v1/chat/com
                     + [now] * chunk.count(b'"content": " tok') + [now] * chunk.count(b'"content":" tok')
                 data += chunk
         samples.append((first_byte, tokens[0], tokens[-1]))
+    if spread is not None:  # how far single answers stray from the median: the simulator's own jitter
+        spread.extend(abs(s[0] - statistics.median(x[0] for x in samples)) for s in samples)
     return tuple(statistics.median(s[i] for s in samples) for i in range(3))  # type: ignore[return-value]

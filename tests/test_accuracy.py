@@ -7,6 +7,7 @@ injected values (p95 over 20 calls), and the child spans tile the call within 2%
 from __future__ import annotations
 
 import gc
+import statistics
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -117,10 +118,16 @@ def test_non_streamed_call_waits_for_the_whole_generation(sim, otel: Otel) -> No
                     json={"model": "m", "messages": [{"role": "user", "content": "hi"}]}).raise_for_status()
 
     _measure(otel, post)
-    actual, _, _ = raw_timeline(sim, {"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    jitter: list[float] = []
+    actual, _, _ = raw_timeline(sim, {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+                                calls=15, spread=jitter)
     assert abs(actual - expected) < 0.02  # the simulator's real answer time stays near the injected one
     waits = [abs(r[sc.SPAN_SERVER_WAIT] - actual) for r in _durations(otel)]
-    assert _p95(waits) <= TOLERANCE, waits
+    # A non-streamed answer ends a chain of 13 simulator waits, each of which can wake late: single
+    # answers stray from their median by the simulator's own jitter, measured by the raw client.
+    # otel_llm's error is the rest: within 5 ms on the median, and at p95 beyond that jitter.
+    assert statistics.median(waits) <= TOLERANCE, waits
+    assert _p95(waits) <= TOLERANCE + _p95(jitter), (waits, jitter)
     call, kids = otel.calls()[-1], otel.children(otel.calls()[-1])
     assert [k.name for k in kids][-2:] == [sc.SPAN_SERVER_WAIT, sc.SPAN_DOWNLOAD]
     assert sc.LLM_CLIENT_TIME_TO_FIRST_TOKEN not in call.attributes
