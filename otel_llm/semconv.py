@@ -186,6 +186,28 @@ SERVER_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.
 SERVER_TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
 RATE_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0, 20000.0)
 
+# --- gateway (otel-llm gateway): server spans, children, metrics ----------------------------
+HTTP_ROUTE = "http.route"
+URL_PATH = "url.path"
+URL_SCHEME = "url.scheme"
+CLIENT_ADDRESS = "client.address"
+CLIENT_PORT = "client.port"
+USER_AGENT_ORIGINAL = "user_agent.original"
+LLM_GATEWAY_KEY_ID = "llm.gateway.key_id"
+LLM_GATEWAY_OUTCOME = "llm.gateway.outcome"
+LLM_GATEWAY_QUEUE_DEPTH = "llm.gateway.queue.depth"  # also the metric
+LLM_GATEWAY_QUEUE_WAIT = "llm.gateway.queue.wait"  # also the metric
+LLM_GATEWAY_UPSTREAM_FIRST_BYTE = "llm.gateway.upstream.time_to_first_byte"
+LLM_GATEWAY_RESPONSE_BYTES = "llm.gateway.response_bytes"
+SPAN_GATEWAY_AUTH = "gateway.auth"
+SPAN_GATEWAY_QUEUE = "gateway.queue"
+METRIC_GATEWAY_REQUESTS = "llm.gateway.requests"
+METRIC_GATEWAY_QUEUE_DEPTH = LLM_GATEWAY_QUEUE_DEPTH
+METRIC_GATEWAY_QUEUE_WAIT = LLM_GATEWAY_QUEUE_WAIT
+METRIC_HTTP_SERVER_DURATION = "http.server.request.duration"
+METRIC_HTTP_SERVER_ACTIVE = "http.server.active_requests"
+QUEUE_WAIT_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
 # --- content capture switch -----------------------------------------------------------------
 ENV_CAPTURE_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 

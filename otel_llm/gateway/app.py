@@ -1,0 +1,267 @@
+"""The gateway as an ASGI application: authenticate, authorize, admit, then relay.
+
+Order of one request (any step may answer instead, and then nothing reaches the runtime)::
+
+    SERVER span ─ gateway.auth (key, route) ─ body (size-capped) ─ model check ─ key limits
+      ─ gateway.queue (bounded, timed) ─ upstream call (traced by the core) ─ relay chunks
+
+A task watches for the client going away the whole time after the body is read: if it does,
+the request leaves the queue or the upstream request is closed, so an abandoned call does not
+keep the runtime generating.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any
+
+import httpx
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+
+from otel_llm._log import log_once
+from otel_llm.gateway.auth import Denied, KeyStore, check_model, check_path, check_route, credentials
+from otel_llm.gateway.config import GatewayConfig, KeyPolicy
+from otel_llm.gateway.limits import Admission, KeyLimits, Rejected
+from otel_llm.gateway.proxy import request_headers, response_headers
+from otel_llm.gateway.telemetry import Exchange, GatewayTelemetry
+
+__all__ = ["Gateway", "HEALTH_PATH"]
+
+HEALTH_PATH = "/-/health"
+_perf_ns = time.perf_counter_ns
+_log = logging.getLogger("otel_llm.gateway")
+
+
+class _ClientGone(Exception):
+    """The client disconnected before the request finished."""
+
+
+class Gateway:
+    """ASGI app: ``Gateway(config, telemetry)``; the upstream client lives from startup to shutdown."""
+
+    def __init__(self, config: GatewayConfig, telemetry: GatewayTelemetry, upstream_key: str | None = None) -> None:
+        self.config = config
+        self.telemetry = telemetry
+        self.keys = KeyStore(config.keys)
+        self.admission = Admission(config.max_concurrency, config.max_queue, config.max_queue_wait)
+        self._limits = {p.key_id: KeyLimits(p.rate, p.burst, p.max_concurrency) for p in config.keys}
+        self._upstream = httpx.URL(config.upstream.rstrip("/"))
+        self._upstream_key = upstream_key
+        self._client: httpx.AsyncClient | None = None
+
+    # -- ASGI ----------------------------------------------------------------------------------
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            await self._http(scope, receive, send)
+        elif scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _lifespan(self, receive: Any, send: Any) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                self._client = self._new_client()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.aclose()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    def _new_client(self) -> httpx.AsyncClient:
+        timeout = httpx.Timeout(self.config.upstream_timeout, connect=10.0)
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=self.config.max_concurrency)
+        return httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False, follow_redirects=False)
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    # -- one request ---------------------------------------------------------------------------
+    async def _http(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        path = scope["path"]
+        if path == HEALTH_PATH and scope["method"] in ("GET", "HEAD"):
+            await _answer(send, 200, {"status": "ok"})
+            return
+        headers = {}
+        for name, value in scope["headers"]:
+            headers[name.decode("latin-1")] = value.decode("latin-1")
+        exchange = Exchange(scope["method"], path, scope.get("client"))
+        span = self.telemetry.start(exchange, headers, scope)
+        token = otel_context.attach(trace.set_span_in_context(span))
+        try:
+            await self._guarded(exchange, scope, receive, send, span)
+        finally:
+            try:
+                self.telemetry.finish(exchange, span)
+            except Exception:
+                log_once("recording a gateway request failed")
+            otel_context.detach(token)
+
+    async def _guarded(self, exchange: Exchange, scope: dict[str, Any], receive: Any, send: Any,
+                       span: trace.Span) -> None:
+        try:
+            policy, body = await self._check(exchange, scope, receive)
+            await self._admit_and_relay(exchange, scope, receive, send, policy, body)
+        except Denied as denied:
+            await self._deny(exchange, send, denied.status, denied.outcome, denied.message, denied.headers)
+        except Rejected as rejected:
+            status = 503 if rejected.reason == "overloaded" else 429
+            message = ("the gateway's queue is full" if status == 503 else "rate limit exceeded for this key")
+            await self._deny(exchange, send, status, rejected.reason, message,
+                             [("retry-after", str(rejected.retry_after))])
+        except _ClientGone:
+            exchange.outcome = "client_closed"
+            if exchange.head_sent is None:
+                exchange.status = 499  # nginx's code for it; only in logs and telemetry
+
+    async def _check(self, exchange: Exchange, scope: dict[str, Any], receive: Any) -> tuple[KeyPolicy, bytes]:
+        """Authenticate, authorize the route, read the body, authorize the model."""
+        started = _perf_ns()
+        try:
+            secret = credentials(scope["headers"])
+            policy = self.keys.authenticate(secret)
+            exchange.key_id = policy.key_id
+            check_path(exchange.path, scope.get("raw_path"))
+            check_route(policy, exchange.path)
+            body = await _read_body(scope, receive, self.config.max_body_bytes)
+            exchange.model = check_model(policy, body)
+            return policy, body
+        finally:
+            exchange.auth = (started, _perf_ns())
+
+    async def _admit_and_relay(self, exchange: Exchange, scope: dict[str, Any], receive: Any, send: Any,
+                               policy: KeyPolicy, body: bytes) -> None:
+        limits = self._limits[policy.key_id]
+        limits.enter()
+        try:
+            work = asyncio.ensure_future(self._queue_and_relay(exchange, scope, send, body))
+            watcher = asyncio.ensure_future(_disconnected(receive))
+            try:
+                await asyncio.wait((work, watcher), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if not work.done():  # the client left (or we are being cancelled): stop upstream
+                    work.cancel()
+                    await asyncio.wait((work,))
+                watcher.cancel()
+            if work.cancelled():
+                raise _ClientGone()
+            work.result()
+        finally:
+            limits.leave()
+
+    async def _queue_and_relay(self, exchange: Exchange, scope: dict[str, Any], send: Any, body: bytes) -> None:
+        admission = self.admission
+        exchange.queue_depth = admission.depth
+        started = _perf_ns()
+        try:
+            await admission.acquire()
+        finally:
+            exchange.queue = (started, _perf_ns())
+        try:
+            await self._relay(exchange, scope, send, body)
+        finally:
+            admission.release((_perf_ns() - exchange.queue[1]) / 1e9)
+
+    async def _relay(self, exchange: Exchange, scope: dict[str, Any], send: Any, body: bytes) -> None:
+        assert self._client is not None, "the gateway's lifespan has not started"
+        query = scope.get("query_string") or b""
+        raw_path = scope.get("raw_path") or exchange.path.encode("ascii", "ignore")
+        url = self._upstream.copy_with(raw_path=raw_path + (b"?" + query if query else b""))
+        headers = request_headers(scope["headers"], exchange.client, scope.get("scheme", "http"), self._upstream_key)
+        request = self._client.build_request(exchange.method, url, headers=headers, content=body)
+        # Non-model routes are not traced by the core: still hand the caller's trace on.
+        propagate.inject(request.headers)
+        exchange.upstream_start = _perf_ns()
+        try:
+            response = await self._send_upstream(request)
+        except httpx.TimeoutException:
+            raise Denied(504, "upstream_error", "the model server did not answer in time") from None
+        except httpx.HTTPError as exc:
+            exchange.error = type(exc).__name__
+            raise Denied(502, "upstream_error", "the model server is unreachable") from None
+        exchange.first_byte = _perf_ns()
+        try:
+            await self._stream_back(exchange, response, send)
+        finally:
+            await response.aclose()
+
+    async def _send_upstream(self, request: httpx.Request) -> httpx.Response:
+        assert self._client is not None
+        try:
+            return await self._client.send(request, stream=True)
+        except httpx.RemoteProtocolError:
+            # A kept-alive connection the runtime had just closed (llama-server does this):
+            # nothing was answered, so one retry on a fresh connection is safe.
+            return await self._client.send(request, stream=True)
+
+    async def _stream_back(self, exchange: Exchange, response: httpx.Response, send: Any) -> None:
+        exchange.status = response.status_code
+        if response.status_code >= 500:
+            exchange.outcome = "upstream_error"
+        headers = response_headers(response.headers.raw, exchange.server_timing())
+        await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+        exchange.head_sent = _perf_ns()
+        try:
+            async for chunk in response.aiter_raw():
+                exchange.bytes_out += len(chunk)
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except httpx.HTTPError as exc:
+            # Too late for an error status: the server drops the connection, so the caller sees
+            # a truncated response rather than a complete-looking one.
+            exchange.outcome, exchange.error = "upstream_error", type(exc).__name__
+            raise
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _deny(self, exchange: Exchange, send: Any, status: int, outcome: str, message: str,
+                    headers: Any = ()) -> None:
+        exchange.status, exchange.outcome = status, outcome
+        extra = list(headers) + [("server-timing", exchange.server_timing())]
+        if status == 413:
+            extra.append(("connection", "close"))  # the unread body must not be parsed as a request
+        await _answer(send, status, {"error": {"message": message, "type": outcome, "code": status}}, extra)
+
+
+async def _answer(send: Any, status: int, payload: dict[str, Any], headers: Any = ()) -> None:
+    body = json.dumps(payload).encode()
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw += [(n.encode("latin-1"), v.encode("latin-1")) for n, v in headers]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def _read_body(scope: dict[str, Any], receive: Any, limit: int) -> bytes:
+    """The whole request body, refusing it (413) as soon as it is known to exceed ``limit``."""
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            try:
+                declared = int(value)
+            except ValueError:
+                raise Denied(400, "bad_request", "invalid Content-Length") from None
+            if declared > limit:
+                raise Denied(413, "bad_request", f"request body over {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _ClientGone()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise Denied(413, "bad_request", f"request body over {limit} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _disconnected(receive: Any) -> None:
+    """Return when the client disconnects (after the body was read, nothing else arrives)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return

@@ -1,0 +1,56 @@
+"""Forwarding: which headers cross the gateway, and the streaming pass-through upstream.
+
+Bytes are relayed as they arrive (``aiter_raw``: no decoding, no re-chunking, no buffering).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any
+
+__all__ = ["HOP_BY_HOP", "request_headers", "response_headers"]
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+# RFC 9110 7.6.1 connection-specific headers, plus what the gateway sets itself
+HOP_BY_HOP = frozenset({
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
+    "te", "trailer", "transfer-encoding", "upgrade",
+})
+# never forwarded upstream: the caller's credentials are for the gateway, not for the runtime
+_CREDENTIALS = frozenset({"authorization", "x-api-key", "cookie"})
+_REQUEST_DROP = HOP_BY_HOP | _CREDENTIALS | {"host", "content-length", "expect", "traceparent", "tracestate"}
+_RESPONSE_DROP = HOP_BY_HOP | {"set-cookie", "server-timing", "x-accel-buffering"}
+
+
+def _named_by_connection(headers: Iterable[tuple[str, str]]) -> set[str]:
+    named: set[str] = set()
+    for name, value in headers:
+        if name == "connection":
+            named.update(token.strip().lower() for token in value.split(","))
+    return named
+
+
+def request_headers(headers: Sequence[tuple[bytes, bytes]], client: tuple[str, int] | None,
+                    scheme: str, upstream_key: str | None) -> list[tuple[str, str]]:
+    """The caller's headers as the runtime should see them."""
+    decoded = [(n.decode("latin-1"), v.decode("latin-1")) for n, v in headers]
+    drop = _REQUEST_DROP | _named_by_connection(decoded)
+    out = [(n, v) for n, v in decoded if n not in drop]
+    if client:
+        out.append(("x-forwarded-for", client[0]))
+    out.append(("x-forwarded-proto", scheme))
+    if upstream_key:
+        out.append(("authorization", f"Bearer {upstream_key}"))
+    return out
+
+
+def response_headers(headers: Iterable[tuple[bytes, bytes]], server_timing: str) -> list[tuple[bytes, bytes]]:
+    """The runtime's headers as the caller should see them, plus the gateway's own."""
+    pairs = list(headers)
+    named = _named_by_connection((n.decode("latin-1").lower(), v.decode("latin-1")) for n, v in pairs)
+    drop = _RESPONSE_DROP | named
+    out = [(n.lower(), v) for n, v in pairs if n.decode("latin-1").lower() not in drop]
+    out.append((b"x-accel-buffering", b"no"))
+    out.append((b"server-timing", server_timing.encode("ascii")))
+    return out

@@ -1,0 +1,229 @@
+"""The gateway's own telemetry: the SERVER span and its ``gateway.auth`` / ``gateway.queue``
+children, request metrics, the ``Server-Timing`` header and one JSON access-log line per request.
+
+The upstream call is not traced here: the core instrumentation traces it (phases, native
+counters) as a child of the SERVER span, which is the current span while it runs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry import propagate, trace
+from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
+from opentelemetry.trace import SpanKind, Status, StatusCode, TracerProvider
+
+from otel_llm import semconv as sc
+from otel_llm.parse.routes import match_route
+from otel_llm.version import __version__
+
+__all__ = ["Exchange", "GatewayTelemetry", "access_logger"]
+
+_perf_ns = time.perf_counter_ns
+_MAX_LOGGED = 256  # characters of client-chosen text (path, model) kept in logs and spans
+
+
+class _AsgiHeaders:
+    """``propagate.extract`` getter over ASGI header pairs."""
+
+    @staticmethod
+    def get(carrier: dict[str, str], key: str) -> list[str] | None:
+        value = carrier.get(key)
+        return [value] if value is not None else None
+
+    @staticmethod
+    def keys(carrier: dict[str, str]) -> list[str]:
+        return list(carrier)
+
+
+@dataclass(slots=True)
+class Exchange:
+    """One request through the gateway: what was decided and when (``perf_counter_ns``)."""
+
+    method: str
+    path: str
+    client: tuple[str, int] | None
+    t0: int = field(default_factory=_perf_ns)
+    epoch0: int = field(default_factory=time.time_ns)
+    key_id: str | None = None
+    model: str | None = None
+    outcome: str = "allowed"
+    status: int = 0
+    auth: tuple[int, int] | None = None
+    queue: tuple[int, int] | None = None
+    queue_depth: int | None = None
+    upstream_start: int | None = None
+    first_byte: int | None = None
+    head_sent: int | None = None
+    end: int | None = None
+    bytes_out: int = 0
+    error: str | None = None
+
+    def epoch(self, t_ns: int) -> int:
+        return self.epoch0 + (t_ns - self.t0)
+
+    def ms(self, start: int | None, end: int | None) -> float | None:
+        if start is None or end is None:
+            return None
+        return round((end - start) / 1e6, 3)
+
+    @property
+    def queue_wait_s(self) -> float:
+        return (self.queue[1] - self.queue[0]) / 1e9 if self.queue else 0.0
+
+    def server_timing(self) -> str:
+        """``Server-Timing`` as of now (for a stream: up to the response head)."""
+        now = _perf_ns()
+        parts = []
+        if self.auth:
+            parts.append(f"auth;dur={self.ms(*self.auth)}")
+        if self.queue:
+            parts.append(f"queue;dur={self.ms(*self.queue)}")
+        if self.upstream_start is not None and self.first_byte is not None:
+            parts.append(f'upstream;desc="first byte";dur={self.ms(self.upstream_start, self.first_byte)}')
+        parts.append(f"total;dur={self.ms(self.t0, now)}")
+        return ", ".join(parts)
+
+
+def access_logger(target: str) -> logging.Logger | None:
+    """The access logger writing bare JSON lines to stderr ("-"), a file, or nowhere ("off")."""
+    if target == "off":
+        return None
+    logger = logging.getLogger("otel_llm.gateway.access")
+    logger.handlers.clear()
+    handler = logging.StreamHandler() if target == "-" else logging.FileHandler(target, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    return logger
+
+
+def _clip(text: str | None) -> str | None:
+    return text if text is None or len(text) <= _MAX_LOGGED else text[:_MAX_LOGGED] + "..."
+
+
+class GatewayTelemetry:
+    """Tracer, instruments and access log of one gateway."""
+
+    def __init__(self, tracer_provider: TracerProvider, meter_provider: MeterProvider,
+                 access_log: logging.Logger | None = None, queue_depth: Any = None) -> None:
+        self.tracer = tracer_provider.get_tracer(f"{sc.INSTRUMENTATION_NAME}.gateway", __version__)
+        meter = meter_provider.get_meter(f"{sc.INSTRUMENTATION_NAME}.gateway", __version__)
+        self.requests = meter.create_counter(
+            sc.METRIC_GATEWAY_REQUESTS, unit="{request}", description="Requests by outcome")
+        self.queue_wait = meter.create_histogram(
+            sc.METRIC_GATEWAY_QUEUE_WAIT, unit="s", description="Time spent waiting for an upstream slot",
+            explicit_bucket_boundaries_advisory=sc.QUEUE_WAIT_BUCKETS)
+        self.duration = meter.create_histogram(
+            sc.METRIC_HTTP_SERVER_DURATION, unit="s", description="Duration of gateway requests",
+            explicit_bucket_boundaries_advisory=sc.DURATION_BUCKETS)
+        self._queue_depth = queue_depth
+        if queue_depth is not None:
+            meter.create_observable_gauge(
+                sc.METRIC_GATEWAY_QUEUE_DEPTH, callbacks=[self._observe_depth], unit="{request}",
+                description="Requests waiting for an upstream slot")
+        self.access_log = access_log
+
+    def _observe_depth(self, options: CallbackOptions) -> list[Observation]:
+        return [Observation(self._queue_depth())]
+
+    def start(self, exchange: Exchange, headers: dict[str, str], scope: dict[str, Any]) -> trace.Span:
+        """The SERVER span, continuing the caller's trace when it sent ``traceparent``."""
+        parent = propagate.extract(headers, getter=_AsgiHeaders)  # type: ignore[arg-type]
+        route = match_route(exchange.path, ())
+        name = f"{exchange.method} {exchange.path}" if route is not None else exchange.method
+        attrs: dict[str, Any] = {
+            sc.HTTP_REQUEST_METHOD: exchange.method,
+            sc.URL_PATH: _clip(exchange.path),
+            sc.URL_SCHEME: scope.get("scheme", "http"),
+            sc.NETWORK_PROTOCOL_VERSION: scope.get("http_version", "1.1"),
+        }
+        if route is not None:
+            attrs[sc.HTTP_ROUTE] = exchange.path
+        server = scope.get("server")
+        if server:
+            attrs[sc.SERVER_ADDRESS], attrs[sc.SERVER_PORT] = server[0], server[1]
+        if exchange.client:
+            attrs[sc.CLIENT_ADDRESS], attrs[sc.CLIENT_PORT] = exchange.client
+        agent = headers.get("user-agent")
+        if agent:
+            attrs[sc.USER_AGENT_ORIGINAL] = _clip(agent)
+        return self.tracer.start_span(name, context=parent, kind=SpanKind.SERVER, attributes=attrs,
+                                      start_time=exchange.epoch0)
+
+    def finish(self, exchange: Exchange, span: trace.Span) -> None:
+        """End the span tree, record metrics and write the access line; never raises."""
+        exchange.end = exchange.end or _perf_ns()
+        try:
+            self._end_spans(exchange, span)
+        finally:
+            self._record(exchange, span.get_span_context())
+
+    def _end_spans(self, exchange: Exchange, span: trace.Span) -> None:
+        if span.is_recording():
+            context = trace.set_span_in_context(span)
+            for name, window in ((sc.SPAN_GATEWAY_AUTH, exchange.auth), (sc.SPAN_GATEWAY_QUEUE, exchange.queue)):
+                if window is None:
+                    continue
+                attrs = {sc.LLM_GATEWAY_QUEUE_DEPTH: exchange.queue_depth} if (
+                    name == sc.SPAN_GATEWAY_QUEUE and exchange.queue_depth is not None) else None
+                child = self.tracer.start_span(name, context=context, start_time=exchange.epoch(window[0]),
+                                               attributes=attrs)
+                child.end(end_time=exchange.epoch(window[1]))
+            span.set_attributes(self._end_attributes(exchange))
+            if exchange.status >= 500:
+                span.set_status(Status(StatusCode.ERROR, exchange.error or exchange.outcome))
+        span.end(end_time=exchange.epoch(exchange.end))  # type: ignore[arg-type]
+
+    @staticmethod
+    def _end_attributes(exchange: Exchange) -> dict[str, Any]:
+        attrs: dict[str, Any] = {sc.LLM_GATEWAY_OUTCOME: exchange.outcome,
+                                 sc.LLM_GATEWAY_RESPONSE_BYTES: exchange.bytes_out}
+        if exchange.status:
+            attrs[sc.HTTP_RESPONSE_STATUS_CODE] = exchange.status
+        if exchange.key_id:
+            attrs[sc.LLM_GATEWAY_KEY_ID] = exchange.key_id
+        if exchange.model:
+            attrs[sc.GEN_AI_REQUEST_MODEL] = _clip(exchange.model)
+        if exchange.queue:
+            attrs[sc.LLM_GATEWAY_QUEUE_WAIT] = exchange.queue_wait_s
+        if exchange.upstream_start is not None and exchange.first_byte is not None:
+            attrs[sc.LLM_GATEWAY_UPSTREAM_FIRST_BYTE] = (exchange.first_byte - exchange.upstream_start) / 1e9
+        if exchange.status >= 500:
+            attrs[sc.ERROR_TYPE] = str(exchange.status)
+        return attrs
+
+    def _record(self, exchange: Exchange, span_context: trace.SpanContext) -> None:
+        attrs = {sc.LLM_GATEWAY_OUTCOME: exchange.outcome, sc.HTTP_RESPONSE_STATUS_CODE: exchange.status,
+                 sc.LLM_GATEWAY_KEY_ID: exchange.key_id or "-"}
+        self.requests.add(1, attrs)
+        if exchange.queue is not None:
+            self.queue_wait.record(exchange.queue_wait_s, {sc.LLM_GATEWAY_OUTCOME: exchange.outcome})
+        self.duration.record((exchange.end - exchange.t0) / 1e9, {  # type: ignore[operator]
+            sc.HTTP_REQUEST_METHOD: exchange.method, sc.HTTP_RESPONSE_STATUS_CODE: exchange.status})
+        if self.access_log is not None:
+            self.access_log.info(json.dumps(self._access_record(exchange, span_context), separators=(",", ":")))
+
+    @staticmethod
+    def _access_record(exchange: Exchange, span_context: trace.SpanContext) -> dict[str, Any]:
+        return {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(exchange.epoch0 / 1e9)) + "Z",
+            "client": exchange.client[0] if exchange.client else None,
+            "key_id": exchange.key_id,
+            "method": exchange.method,
+            "path": _clip(exchange.path),
+            "status": exchange.status,
+            "outcome": exchange.outcome,
+            "model": _clip(exchange.model),
+            "queue_depth": exchange.queue_depth,
+            "queue_ms": exchange.ms(*exchange.queue) if exchange.queue else None,
+            "upstream_first_byte_ms": exchange.ms(exchange.upstream_start, exchange.first_byte),
+            "total_ms": exchange.ms(exchange.t0, exchange.end),
+            "bytes": exchange.bytes_out,
+            "trace_id": format(span_context.trace_id, "032x") if span_context.is_valid else None,
+        }
