@@ -16,6 +16,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
@@ -43,8 +44,10 @@ class _ClientGone(Exception):
 class Gateway:
     """ASGI app: ``Gateway(config, telemetry)``; the upstream client lives from startup to shutdown."""
 
-    def __init__(self, config: GatewayConfig, telemetry: GatewayTelemetry, upstream_key: str | None = None) -> None:
+    def __init__(self, config: GatewayConfig, telemetry: GatewayTelemetry, upstream_key: str | None = None,
+                 on_shutdown: Sequence[Callable[[], None]] = ()) -> None:
         self.config = config
+        self.on_shutdown = list(on_shutdown)
         self.telemetry = telemetry
         self.keys = KeyStore(config.keys)
         self.admission = Admission(config.max_concurrency, config.max_queue, config.max_queue_wait)
@@ -68,6 +71,13 @@ class Gateway:
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await self.aclose()
+                # Here, not after the server returns: uvicorn re-raises SIGTERM once it has
+                # drained, which ends the process before any code after it runs.
+                for callback in self.on_shutdown:
+                    try:
+                        callback()
+                    except Exception:
+                        log_once("a gateway shutdown step failed")
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 

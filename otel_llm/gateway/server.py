@@ -30,7 +30,7 @@ def _upstream_key(config: GatewayConfig) -> str | None:
 
 
 def build_app(config: GatewayConfig, **instrument_options: Any) -> tuple[Gateway, Any]:
-    """The ASGI app and the providers behind its telemetry (shut them down when done).
+    """The ASGI app and the providers behind its telemetry (flushed at lifespan shutdown).
 
     The core instrumentation is switched on in this process with the same providers, so the
     upstream call becomes a child of the gateway's SERVER span."""
@@ -49,7 +49,8 @@ def build_app(config: GatewayConfig, **instrument_options: Any) -> tuple[Gateway
     holder: dict[str, Gateway] = {}
     telemetry = GatewayTelemetry(providers.tracer_provider, providers.meter_provider,
                                  access_logger(config.access_log), lambda: holder["app"].admission.depth)
-    app = holder["app"] = Gateway(config, telemetry, key)
+    app = holder["app"] = Gateway(config, telemetry, key,
+                                  on_shutdown=[otel_llm.uninstrument, providers.shutdown])
     return app, providers
 
 
@@ -74,11 +75,7 @@ def serve(config: GatewayConfig) -> int:
     print(f"otel-llm gateway: listening on http://{_url_host(host)}:{port} -> {config.upstream} "
           f"({len(config.keys)} key(s), {config.max_concurrency} upstream slot(s), queue {config.max_queue} "
           f"for {config.max_queue_wait:g} s)", file=sys.stderr, flush=True)
-    try:
-        uvicorn.Server(server_config).run(sockets=[sock])
-    finally:
-        otel_llm.uninstrument()
-        providers.shutdown()
+    uvicorn.Server(server_config).run(sockets=[sock])  # telemetry is flushed at lifespan shutdown
     return 0
 
 

@@ -1,0 +1,154 @@
+"""One trace, three processes: the instrumented test client, ``otel-llm gateway`` (exporting OTLP
+to a receiver in this test) and the simulator behind it. The exported spans must form one tree
+with correct parent links, and the client's ``llm.server_wait`` must contain the gateway's work."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import ollama
+import pytest
+
+from otel_llm import semconv as sc
+from otel_llm.gateway.process import GatewayProcess
+from otel_llm.sim import SimProcess
+from tests.conftest import Otel
+from tests.helpers_servers import OtlpHttpCollector, attributes_of
+
+KIND_INTERNAL, KIND_SERVER, KIND_CLIENT = 1, 2, 3  # OTLP numbering
+CLOCK_TOL_NS = 2_000_000  # two processes read the same clock through separate epoch anchors
+MODEL = "gemma3:270m"
+TOKENS = 6
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[SimProcess]:
+    with SimProcess(runtime="ollama", tokens=TOKENS, token_interval=0.02, headers_delay=0.03,
+                    first_token_delay=0.04) as sim:
+        yield sim
+
+
+@pytest.fixture
+def collector() -> Iterator[OtlpHttpCollector]:
+    with OtlpHttpCollector() as receiver:
+        yield receiver
+
+
+def _gateway(upstream: SimProcess, collector: OtlpHttpCollector, tmp_path: Any) -> GatewayProcess:
+    env = {"OTEL_LLM_ENDPOINT": collector.endpoint, "OTEL_LLM_HOST_METRICS": "false",
+           "OTEL_LLM_RUNTIME_METRICS": "false", "OTEL_LLM_GPU_METRICS": "false",
+           "OTEL_LLM_TRACES_FILE": str(tmp_path / "unused.jsonl")}
+    return GatewayProcess(upstream.base_url, {"app": {"routes": ["/api/*"]}}, env=env)
+
+
+def _by_id(spans: list[Any]) -> dict[bytes, Any]:
+    return {span.span_id: span for span in spans}
+
+
+def _children(spans: list[Any], parent: Any) -> list[Any]:
+    return sorted((s for s in spans if s.parent_span_id == parent.span_id), key=lambda s: s.start_time_unix_nano)
+
+
+def test_one_trace_spans_client_gateway_and_runtime(otel: Otel, upstream: SimProcess,
+                                                    collector: OtlpHttpCollector, tmp_path: Any) -> None:
+    with _gateway(upstream, collector, tmp_path) as gateway:
+        client = ollama.Client(host=gateway.url, headers=gateway.headers("app"))
+        text = "".join(part["message"]["content"] for part in client.chat(
+            model=MODEL, messages=[{"role": "user", "content": "where did the time go"}], stream=True))
+        assert text == "tok0" + "".join(f" tok{i}" for i in range(1, TOKENS))
+    # the gateway flushed its spans when it stopped
+    exported = [span for _, span in collector.received.spans()]
+    resources = {res["service.name"] for res, _ in collector.received.spans()}
+    assert resources == {"otel-llm-gateway"}
+
+    call, phases = otel.one_call()
+    trace_id = call.context.trace_id.to_bytes(16, "big")
+    assert {span.trace_id for span in exported} == {trace_id}, "every gateway span joins the client's trace"
+
+    servers = [s for s in exported if s.kind == KIND_SERVER]
+    assert len(servers) == 1
+    server = servers[0]
+    assert server.parent_span_id == call.context.span_id.to_bytes(8, "big"), "SERVER span under the client call"
+    attrs = attributes_of(server.attributes)
+    assert server.name == "POST /api/chat"
+    assert attrs[sc.LLM_GATEWAY_KEY_ID] == "app"
+    assert attrs[sc.LLM_GATEWAY_OUTCOME] == "allowed"
+    assert attrs[sc.HTTP_RESPONSE_STATUS_CODE] == 200
+    assert attrs[sc.HTTP_ROUTE] == "/api/chat"
+
+    kids = _children(exported, server)
+    assert [k.name for k in kids] == [sc.SPAN_GATEWAY_AUTH, sc.SPAN_GATEWAY_QUEUE, f"chat {MODEL}"]
+    auth, queue, upstream_call = kids
+    assert upstream_call.kind == KIND_CLIENT and auth.kind == queue.kind == KIND_INTERNAL
+    assert auth.end_time_unix_nano <= queue.start_time_unix_nano <= queue.end_time_unix_nano
+    assert queue.end_time_unix_nano <= upstream_call.start_time_unix_nano
+
+    # the upstream call is traced by the core: phases, the runtime's native counters, runtime.* spans
+    up_attrs = attributes_of(upstream_call.attributes)
+    assert up_attrs[sc.LLM_RUNTIME_NAME] == "ollama"
+    assert up_attrs[sc.LLM_RUNTIME_GENERATION_TOKENS] == TOKENS
+    assert up_attrs[sc.LLM_RUNTIME_PROMPT_EVAL_DURATION] > 0
+    up_names = {s.name for s in _children(exported, upstream_call)}
+    assert {sc.SPAN_SERVER_WAIT, sc.SPAN_FIRST_TOKEN, sc.SPAN_DECODE, sc.SPAN_RUNTIME_PREFILL,
+            sc.SPAN_RUNTIME_DECODE} <= up_names
+    assert len(_by_id(exported)) == len(exported)
+    for span in exported:
+        assert span is server or span.parent_span_id in _by_id(exported), f"{span.name} has a dangling parent"
+
+    # the client's server wait contains the gateway's work up to the first byte
+    wait = next(p for p in phases if p.name == sc.SPAN_SERVER_WAIT)
+    up_wait = next(s for s in _children(exported, upstream_call) if s.name == sc.SPAN_SERVER_WAIT)
+    assert wait.start_time - CLOCK_TOL_NS <= server.start_time_unix_nano
+    assert wait.start_time - CLOCK_TOL_NS <= auth.start_time_unix_nano
+    for span in (auth, queue, up_wait):
+        assert span.end_time_unix_nano <= wait.end_time + CLOCK_TOL_NS, span.name
+    assert up_wait.start_time_unix_nano >= wait.start_time - CLOCK_TOL_NS
+    # ... and most of it is the runtime's own wait (30 ms to headers here)
+    assert (up_wait.end_time_unix_nano - up_wait.start_time_unix_nano) >= 0.5 * (wait.end_time - wait.start_time)
+    assert server.end_time_unix_nano >= upstream_call.end_time_unix_nano - CLOCK_TOL_NS
+
+    names = collector.received.metric_names()
+    assert {sc.METRIC_GATEWAY_REQUESTS, sc.METRIC_GATEWAY_QUEUE_WAIT, sc.METRIC_HTTP_SERVER_DURATION,
+            sc.METRIC_OPERATION_DURATION} <= names, names
+
+
+def _server_timing(value: str) -> dict[str, float]:
+    return {m["name"]: float(m["dur"]) for m in re.finditer(r"(?P<name>\w+)(?:;desc=\"[^\"]*\")?;dur=(?P<dur>[\d.]+)",
+                                                            value)}
+
+
+def test_server_timing_shows_the_gateways_share(upstream: SimProcess, collector: OtlpHttpCollector,
+                                                tmp_path: Any) -> None:
+    with _gateway(upstream, collector, tmp_path) as gateway, gateway.client("app", timeout=10) as client:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": False}
+        response = client.post("/api/chat", json=body, headers={"x-sim-headers-delay": "0.1"})
+        assert response.status_code == 200
+        timing = _server_timing(response.headers["server-timing"])
+        assert set(timing) == {"auth", "queue", "upstream", "total"}
+        # non-streamed: the head leaves with the whole answer, ~0.1 + 0.04 + 5 * 0.02 s after arrival
+        assert 200 <= timing["upstream"] <= timing["total"] <= response.elapsed.total_seconds() * 1000 + 1
+        assert timing["auth"] + timing["queue"] + timing["upstream"] <= timing["total"] + 0.01
+
+        denied = httpx.post(f"{gateway.url}/api/chat", json=body, timeout=10)
+        assert denied.status_code == 401
+        assert set(_server_timing(denied.headers["server-timing"])) == {"auth", "total"}
+
+
+def test_a_rejected_request_is_traced_without_an_upstream_call(otel: Otel, upstream: SimProcess,
+                                                               collector: OtlpHttpCollector, tmp_path: Any) -> None:
+    upstream.reset()
+    with _gateway(upstream, collector, tmp_path) as gateway:
+        response = httpx.post(f"{gateway.url}/api/chat", json={"model": MODEL, "messages": []},
+                              headers={"authorization": "Bearer olk_not-a-real-key"}, timeout=10)
+        assert response.status_code == 401
+    exported = [span for _, span in collector.received.spans()]
+    assert [s.name for s in exported if s.kind == KIND_SERVER] == ["POST /api/chat"]
+    assert [s.name for s in exported if s.kind != KIND_SERVER] == [sc.SPAN_GATEWAY_AUTH]
+    server = next(s for s in exported if s.kind == KIND_SERVER)
+    attrs = attributes_of(server.attributes)
+    assert attrs[sc.LLM_GATEWAY_OUTCOME] == "unauthorized" and attrs[sc.HTTP_RESPONSE_STATUS_CODE] == 401
+    assert sc.LLM_GATEWAY_KEY_ID not in attrs
+    assert upstream.stats()["requests"] == 0
