@@ -39,3 +39,36 @@ def test_benchmark_script_runs_and_reports_ratios() -> None:
                              "--calls", "20", "--streams", "2"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "added CPU per call:" in result.stdout and "added CPU per streamed chunk:" in result.stdout
+
+
+README = (ROOT / "README.md").read_text()
+KEYGEN = "otel-llm gateway keygen alice --routes '/v1/*' '/api/*' >> keys.toml"
+SERVE = "otel-llm gateway --upstream http://127.0.0.1:11434 --listen 127.0.0.1:8080 --keys keys.toml"
+
+
+def test_readme_gateway_commands_run(tmp_path: Path) -> None:
+    """The README's two gateway lines, run by a shell, with only the addresses changed."""
+    from otel_llm.sim import SimProcess
+
+    assert KEYGEN in README and SERVE in README
+    bin_dir = str(Path(OTEL_LLM).parent)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "OTEL_LLM_HOST_METRICS": "false",
+           "OTEL_LLM_TRACES_FILE": str(tmp_path / "t.jsonl")}
+    keygen = subprocess.run(KEYGEN, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert keygen.returncode == 0, keygen.stderr
+    key = keygen.stderr.strip().splitlines()[-1]
+    assert key.startswith("olk_") and key not in (tmp_path / "keys.toml").read_text()
+    with SimProcess(runtime="ollama", tokens=3) as sim:
+        command = SERVE.replace("http://127.0.0.1:11434", sim.base_url).replace("127.0.0.1:8080", "127.0.0.1:0")
+        proc = subprocess.Popen(command, shell=True, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+        try:
+            match = re.search(r"listening on (http://\S+)", proc.stderr.readline())
+            assert match
+            body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": False}
+            assert httpx.post(f"{match[1]}/api/chat", json=body, timeout=10).status_code == 401
+            answer = httpx.post(f"{match[1]}/api/chat", json=body, headers={"x-api-key": key}, timeout=10)
+            assert answer.status_code == 200 and answer.json()["eval_count"] == 3
+            assert httpx.get(f"{match[1]}/sim/stats", headers={"x-api-key": key}, timeout=10).status_code == 403
+        finally:
+            proc.terminate()
+            proc.wait(15)

@@ -164,3 +164,33 @@ def test_the_build_is_portable() -> None:
 
     assert "-DGGML_NATIVE=OFF" in cmake_args()
     assert "AVX512" not in cmake_args() and "AMX" not in cmake_args()
+
+
+def test_one_trace_through_the_gateway_to_llama_server(server: LlamaServer, otel: Otel, tmp_path) -> None:
+    """openai client -> otel-llm gateway -> llama-server: one tree, with llama.cpp's own timings
+    on the gateway's upstream call."""
+    from otel_llm.gateway.process import GatewayProcess
+    from tests.helpers_servers import OtlpHttpCollector, attributes_of
+
+    env = {"OTEL_LLM_HOST_METRICS": "false", "OTEL_LLM_RUNTIME_METRICS": "false",
+           "OTEL_LLM_TRACES_FILE": str(tmp_path / "unused.jsonl")}
+    with OtlpHttpCollector() as collector:
+        with GatewayProcess(server.base_url, {"app": {"routes": ["/v1/*"]}},
+                            env={**env, "OTEL_LLM_ENDPOINT": collector.endpoint}) as gateway:
+            client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=gateway.secrets["app"], max_retries=0)
+            stream = client.chat.completions.create(
+                model="gemma", messages=[{"role": "user", "content": _fresh("Name a colour.")}], max_tokens=8,
+                stream=True, stream_options={"include_usage": True})
+            assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        exported = [span for _, span in collector.received.spans()]
+    call, _ = otel.one_call()
+    assert call.attributes[sc.LLM_RUNTIME_NAME] == "llama.cpp"  # timings pass through the gateway unchanged
+    server_span = next(s for s in exported if s.kind == 2)
+    assert server_span.trace_id == call.context.trace_id.to_bytes(16, "big")
+    assert server_span.parent_span_id == call.context.span_id.to_bytes(8, "big")
+    upstream = next(s for s in exported if s.kind == 3 and s.parent_span_id == server_span.span_id)
+    attrs = attributes_of(upstream.attributes)
+    assert attrs[sc.LLM_RUNTIME_NAME] == "llama.cpp"
+    assert attrs[sc.LLM_RUNTIME_GENERATION_TOKENS] > 0 and attrs[sc.LLM_RUNTIME_PROMPT_EVAL_DURATION] > 0
+    # the client and the gateway read the same native counters from the same bytes
+    assert attrs[sc.LLM_RUNTIME_GENERATION_TOKENS] == call.attributes[sc.LLM_RUNTIME_GENERATION_TOKENS]

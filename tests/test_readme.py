@@ -25,3 +25,10 @@ def test_every_diagnose_code_is_documented() -> None:
 
     for code in CODES:
         assert f"| `{code}` |" in README, code
+
+
+def test_every_gateway_setting_is_documented() -> None:
+    from otel_llm.gateway.config import ENV_VARS as GATEWAY_VARS
+
+    for setting, variable in GATEWAY_VARS.items():
+        assert f"| `{setting}` | `{variable}`" in README, setting
