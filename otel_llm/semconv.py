@@ -58,6 +58,9 @@ LLM_CLIENT_CONNECTION_REUSED = "llm.client.connection_reused"
 LLM_CLIENT_RESPONSE_BYTES = "llm.client.response_bytes"
 LLM_CLIENT_END_REASON = "llm.client.end_reason"
 LLM_PHASE = "llm.phase"
+# + the metric name of each `Server-Timing` entry the response carried (seconds), e.g.
+# llm.server_timing.queue from otel-llm gateway
+LLM_SERVER_TIMING_PREFIX = "llm.server_timing."
 
 # --- otel_llm: the runtime's own counters, normalized (seconds, tokens, tokens/s) ------------
 LLM_RUNTIME_LOAD_DURATION = "llm.runtime.load_duration"

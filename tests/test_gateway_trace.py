@@ -65,6 +65,10 @@ def test_one_trace_spans_client_gateway_and_runtime(otel: Otel, upstream: SimPro
     assert resources == {"otel-llm-gateway"}
 
     call, phases = otel.one_call()
+    # the client's own span shows the gateway's share, from the Server-Timing header
+    shares = {k.rpartition(".")[2]: v for k, v in call.attributes.items() if k.startswith(sc.LLM_SERVER_TIMING_PREFIX)}
+    assert set(shares) == {"auth", "queue", "upstream", "total"}
+    assert 0.03 <= shares["upstream"] <= shares["total"] <= call.attributes[sc.LLM_CLIENT_TIME_TO_FIRST_BYTE]
     trace_id = call.context.trace_id.to_bytes(16, "big")
     assert {span.trace_id for span in exported} == {trace_id}, "every gateway span joins the client's trace"
 

@@ -29,6 +29,7 @@ from otel_llm.parse.formats import NDJSON
 from otel_llm.parse.request import parse_request
 from otel_llm.parse.response import ResponseInfo, parse_body, parse_events
 from otel_llm.parse.routes import match_route
+from otel_llm.parse.server_timing import parse_server_timing
 from otel_llm.parse.runtimes import RuntimeCounters, runtime_counters
 from otel_llm.version import __version__
 
@@ -206,6 +207,10 @@ class Telemetry:
         attrs[sc.LLM_CLIENT_END_REASON] = call.end_reason
         if call.peer is not None:
             attrs[sc.NETWORK_PEER_ADDRESS], attrs[sc.NETWORK_PEER_PORT] = call.peer
+        server_timing = call.response_headers.get("server-timing")
+        if server_timing:
+            for name, seconds in parse_server_timing(server_timing).items():
+                attrs[sc.LLM_SERVER_TIMING_PREFIX + name] = seconds
         attr_build.response_attributes(response, attrs, self.settings.capture_content)
 
 
