@@ -13,6 +13,7 @@ keep the runtime generating.
 from __future__ import annotations
 
 import asyncio
+import http.cookiejar
 import json
 import logging
 import time
@@ -33,6 +34,7 @@ from otel_llm.gateway.telemetry import Exchange, GatewayTelemetry
 __all__ = ["Gateway", "HEALTH_PATH"]
 
 HEALTH_PATH = "/-/health"
+MAX_HEADER_BYTES = 32 * 1024  # request head (names + values); larger ones are never forwarded
 _perf_ns = time.perf_counter_ns
 _log = logging.getLogger("otel_llm.gateway")
 
@@ -84,7 +86,11 @@ class Gateway:
     def _new_client(self) -> httpx.AsyncClient:
         timeout = httpx.Timeout(self.config.upstream_timeout, connect=10.0)
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=self.config.max_concurrency)
-        return httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False, follow_redirects=False)
+        # No cookie jar: the client is shared by every caller, so a Set-Cookie answered to one
+        # caller must never ride along with the next caller's requests.
+        no_cookies = http.cookiejar.CookieJar(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
+        return httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False, follow_redirects=False,
+                                 cookies=no_cookies)
 
     async def aclose(self) -> None:
         if self._client is not None:
@@ -133,6 +139,8 @@ class Gateway:
         """Authenticate, authorize the route, read the body, authorize the model."""
         started = _perf_ns()
         try:
+            if sum(len(n) + len(v) for n, v in scope["headers"]) > MAX_HEADER_BYTES:
+                raise Denied(431, "bad_request", f"request headers over {MAX_HEADER_BYTES} bytes")
             secret = credentials(scope["headers"])
             policy = self.keys.authenticate(secret)
             exchange.key_id = policy.key_id

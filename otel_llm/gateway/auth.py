@@ -89,8 +89,8 @@ def check_route(policy: KeyPolicy, path: str) -> None:
 
 
 def _no_duplicate_model(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    keys = [k for k, _ in pairs]
-    if keys.count("model") > 1:
+    # case-insensitive: Go's encoding/json (Ollama) also binds "Model" or "MODEL" to the field
+    if sum(1 for k, _ in pairs if k.lower() == "model") > 1:
         raise ValueError("duplicate 'model'")
     return dict(pairs)
 

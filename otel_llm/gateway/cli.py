@@ -73,7 +73,9 @@ def _keygen(args: argparse.Namespace) -> int:
         print("otel-llm gateway keygen: give an ID of letters, digits, '_', '.' or '-'", file=sys.stderr)
         return 2
     key = generate_key()
-    lines = [f"[keys.{args.key_id}]", f'hash = "{format_hash(key)}"']
+    # a bare TOML key may not contain '.', which would nest tables: quote such IDs
+    table = args.key_id if re.fullmatch(r"[A-Za-z0-9_-]+", args.key_id) else json.dumps(args.key_id)
+    lines = [f"[keys.{table}]", f'hash = "{format_hash(key)}"']
     for name, value in (("routes", args.routes), ("models", args.models), ("rate", args.rate),
                         ("burst", args.burst), ("max_concurrency", args.key_max_concurrency)):
         if value is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 from typing import Any
@@ -70,13 +71,21 @@ def serve(config: GatewayConfig) -> int:
     server_config = uvicorn.Config(
         app, lifespan="on", access_log=False, server_header=False, date_header=False, log_level="warning",
         timeout_graceful_shutdown=5, http=_http_implementation(),
+        proxy_headers=False,  # the gateway is the edge: the client is the TCP peer, not a header
     )
     host, port = sock.getsockname()[:2]
     print(f"otel-llm gateway: listening on http://{_url_host(host)}:{port} -> {config.upstream} "
           f"({len(config.keys)} key(s), {config.max_concurrency} upstream slot(s), queue {config.max_queue} "
           f"for {config.max_queue_wait:g} s)", file=sys.stderr, flush=True)
+    # uvicorn restores this handler after draining and re-raises the SIGTERM it caught: a
+    # requested, completed graceful stop then exits 0 instead of dying by the signal.
+    signal.signal(signal.SIGTERM, _exit_cleanly)
     uvicorn.Server(server_config).run(sockets=[sock])  # telemetry is flushed at lifespan shutdown
     return 0
+
+
+def _exit_cleanly(signum: int, frame: Any) -> None:
+    raise SystemExit(0)
 
 
 def _listen(host: str, port: int) -> socket.socket:
