@@ -4,19 +4,47 @@ Explicit providers win. Otherwise the application's global providers are used un
 configured any. Otherwise otel_llm builds private SDK providers (never installed globally, so
 ``uninstrument()`` can shut them down and leave the process as it was): OTLP when an endpoint is
 configured, else the embedded default, OTLP-JSON lines in a file plus a summary line per call.
+
+Metrics of private providers follow the standard ``OTEL_METRICS_EXPORTER`` (comma-separated):
+``otlp`` (the default: OTLP when an endpoint is configured, as for traces), ``prometheus`` (a
+``PrometheusMetricReader`` served by ``prometheus_client.start_http_server`` on
+``OTEL_EXPORTER_PROMETHEUS_HOST``:``OTEL_EXPORTER_PROMETHEUS_PORT``, default localhost:9464, once per
+process; a busy port is logged once, never raised) and ``none``; both ``otlp,prometheus`` may be
+listed. Applications with their own meter provider add a ``PrometheusMetricReader`` themselves.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry import metrics, trace
 
+from otel_llm._log import log_once, logger
 from otel_llm.config import Options
 
 _OTLP_ENV = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+
+METRICS_EXPORTER_ENV = "OTEL_METRICS_EXPORTER"
+PROMETHEUS_HOST_ENV = "OTEL_EXPORTER_PROMETHEUS_HOST"
+PROMETHEUS_PORT_ENV = "OTEL_EXPORTER_PROMETHEUS_PORT"
+PROMETHEUS_DEFAULT_HOST = "localhost"
+PROMETHEUS_DEFAULT_PORT = 9464
+_METRICS_EXPORTERS = ("otlp", "prometheus", "none")
+# Resource attributes copied onto every Prometheus series (as service_name), so dashboards can
+# filter by service whether metrics were scraped directly or went through a collector with
+# resource_to_telemetry_conversion.
+_PROMETHEUS_RESOURCE_LABELS = frozenset({"service.name"})
+
+# The Prometheus endpoint is served once per process (it serves prometheus_client's global
+# registry, where every PrometheusMetricReader registers itself): later sessions reuse it.
+_prometheus_lock = threading.Lock()
+_prometheus_server: Any = None  # (server, thread) from start_http_server, or True if it returned None
+_prometheus_address: tuple[str, int] | None = None  # the address bound
+_prometheus_requested: tuple[str, int] | None = None  # the address asked for (port may be 0)
+_prometheus_failed: set[tuple[str, int]] = set()
 
 
 @dataclass
@@ -69,21 +97,123 @@ def _resource(options: Options) -> Any:
     return Resource.create(attrs)
 
 
-def _otlp_exporters(options: Options, protocol: str) -> tuple[Any, Any]:
-    """(span exporter, metric exporter); explicit endpoints get the signal path appended for HTTP."""
+def _otlp_exporters(options: Options, protocol: str, with_metrics: bool = True) -> tuple[Any, Any]:
+    """(span exporter, metric exporter or None); explicit endpoints get the signal path appended
+    for HTTP."""
     endpoint = options.endpoint
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-        return OTLPSpanExporter(endpoint=endpoint), OTLPMetricExporter(endpoint=endpoint)
+        return OTLPSpanExporter(endpoint=endpoint), OTLPMetricExporter(endpoint=endpoint) if with_metrics else None
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetric
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpan
 
     if endpoint is None:  # the exporters read the standard variables themselves
-        return HttpSpan(), HttpMetric()
+        return HttpSpan(), HttpMetric() if with_metrics else None
     base = endpoint.rstrip("/")
-    return HttpSpan(endpoint=f"{base}/v1/traces"), HttpMetric(endpoint=f"{base}/v1/metrics")
+    return (HttpSpan(endpoint=f"{base}/v1/traces"),
+            HttpMetric(endpoint=f"{base}/v1/metrics") if with_metrics else None)
+
+
+def metrics_exporters(environ: Any = None) -> frozenset[str]:
+    """The names listed in ``OTEL_METRICS_EXPORTER`` that otel_llm knows (default ``otlp``);
+    unknown names are logged once and ignored."""
+    env = os.environ if environ is None else environ
+    raw = env.get(METRICS_EXPORTER_ENV)
+    if raw is None or not raw.strip():
+        return frozenset({"otlp"})
+    names = {name.strip().lower() for name in raw.split(",") if name.strip()}
+    unknown = sorted(names - set(_METRICS_EXPORTERS))
+    if unknown:
+        log_once(f"{METRICS_EXPORTER_ENV}: ignoring unsupported exporter(s) {', '.join(unknown)} "
+                 f"(otel_llm's own providers support {', '.join(_METRICS_EXPORTERS)})", exc_info=False)
+    known = names & set(_METRICS_EXPORTERS)
+    return frozenset() if "none" in known else frozenset(known)
+
+
+def prometheus_address(environ: Any = None) -> tuple[str, int]:
+    """(host, port) from ``OTEL_EXPORTER_PROMETHEUS_HOST`` / ``_PORT``; bad ports are logged once."""
+    env = os.environ if environ is None else environ
+    host = (env.get(PROMETHEUS_HOST_ENV) or "").strip() or PROMETHEUS_DEFAULT_HOST
+    raw = (env.get(PROMETHEUS_PORT_ENV) or "").strip()
+    port = PROMETHEUS_DEFAULT_PORT
+    if raw:
+        try:
+            port = int(raw)
+            if not 0 <= port <= 65535:
+                raise ValueError(raw)
+        except ValueError:
+            log_once(f"{PROMETHEUS_PORT_ENV}={raw!r} is not a port; using {PROMETHEUS_DEFAULT_PORT}", exc_info=False)
+            port = PROMETHEUS_DEFAULT_PORT
+    return host, port
+
+
+def _prometheus_reader() -> Any | None:
+    """A PrometheusMetricReader on prometheus_client's global registry, or None (logged once)
+    when opentelemetry-exporter-prometheus is not installed."""
+    try:
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    except ImportError:
+        log_once(f"{METRICS_EXPORTER_ENV} lists prometheus but opentelemetry-exporter-prometheus is not "
+                 "installed: pip install opentelemetry-exporter-prometheus", exc_info=False)
+        return None
+    try:
+        return PrometheusMetricReader(resource_attribute_filter=_PROMETHEUS_RESOURCE_LABELS.__contains__)
+    except TypeError:  # exporter releases before resource_attribute_filter
+        return PrometheusMetricReader()
+
+
+def serve_prometheus(host: str, port: int) -> tuple[str, int] | None:
+    """Serve prometheus_client's global registry on host:port, once per process.
+
+    Returns the address served (an earlier one if already serving), or None when the port could
+    not be bound: logged once per address, never raised; the reader still registers, so an
+    application that serves the global registry itself shows otel_llm's metrics there."""
+    global _prometheus_server, _prometheus_address, _prometheus_requested
+    with _prometheus_lock:
+        if _prometheus_server is not None:
+            if (host, port) not in (_prometheus_address, _prometheus_requested):
+                log_once(f"Prometheus metrics already served on {_url(*_prometheus_address)}; "  # type: ignore[misc]
+                         f"not also on {_url(host, port)}", exc_info=False)
+            return _prometheus_address
+        if (host, port) in _prometheus_failed:
+            return None
+        from prometheus_client import start_http_server
+
+        try:
+            started = start_http_server(port, addr=host)
+        except (OSError, ValueError) as exc:  # busy port, unknown host
+            _prometheus_failed.add((host, port))
+            logger.warning("otel_llm: cannot serve Prometheus metrics on %s (%s); the metrics are not exposed "
+                           "by otel_llm (set %s to a free port)", _url(host, port), exc, PROMETHEUS_PORT_ENV)
+            return None
+        _prometheus_server = started if started is not None else True
+        bound = port
+        if isinstance(started, tuple):
+            bound = int(started[0].server_address[1])  # the real port when port 0 was asked
+        _prometheus_address, _prometheus_requested = (host, bound), (host, port)
+        logger.debug("otel_llm: Prometheus metrics on %s", _url(host, bound))
+        return _prometheus_address
+
+
+def _stop_prometheus() -> None:
+    """Stop the endpoint and forget failures (tests only: in an application it lives as long as
+    the process)."""
+    global _prometheus_server, _prometheus_address, _prometheus_requested
+    with _prometheus_lock:
+        server, _prometheus_server = _prometheus_server, None
+        _prometheus_address = _prometheus_requested = None
+        _prometheus_failed.clear()
+    if isinstance(server, tuple):
+        httpd, thread = server
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(5)
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"
 
 
 def build_providers(options: Options) -> Providers:
@@ -101,10 +231,11 @@ def build_providers(options: Options) -> Providers:
 
     resource = _resource(options)
     endpoint = _otlp_endpoint(options)
+    exporters = metrics_exporters() if meter_provider is None else frozenset()
     span_exporter = metric_exporter = None
     if endpoint:
         protocol = _protocol(options)
-        span_exporter, metric_exporter = _otlp_exporters(options, protocol)
+        span_exporter, metric_exporter = _otlp_exporters(options, protocol, with_metrics="otlp" in exporters)
         result.description = f"OTLP {protocol} to {endpoint}"
     if tracer_provider is None:
         # otel_llm shuts its own providers down at exit, after finishing calls still open.
@@ -117,6 +248,13 @@ def build_providers(options: Options) -> Providers:
         result.owned.append(tracer_provider)
     if meter_provider is None:
         readers = [PeriodicExportingMetricReader(metric_exporter)] if metric_exporter is not None else []
+        if "prometheus" in exporters:
+            reader = _prometheus_reader()
+            if reader is not None:
+                readers.append(reader)
+                served = serve_prometheus(*prometheus_address())
+                if served is not None:
+                    result.description += f"; metrics on Prometheus {_url(*served)}"
         meter_provider = MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False)
         result.owned.append(meter_provider)
     result.tracer_provider, result.meter_provider = tracer_provider, meter_provider
