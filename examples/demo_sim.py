@@ -11,8 +11,10 @@ then prints what was recorded with `otel-llm view`.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
+from typing import Any
 
 import httpx
 import ollama
@@ -50,17 +52,38 @@ def run_calls(base_url: str) -> None:
             response.read()
 
 
+def otlp_tracer_provider(traces_file: str) -> Any:
+    """With an OTLP endpoint configured: spans to it *and* to the file that `otel-llm view` reads."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    from otel_llm.export.jsonl import JsonLinesSpanExporter
+    from otel_llm.export.summary import SummarySpanProcessor
+
+    provider = TracerProvider(resource=Resource.create({"service.name": "otel-llm-demo"}))
+    provider.add_span_processor(BatchSpanProcessor(JsonLinesSpanExporter(traces_file)))
+    provider.add_span_processor(SummarySpanProcessor())
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    return provider
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--traces-file", default="otel-llm-traces.jsonl")
     args = parser.parse_args(argv)
     with SimProcess(**TIMINGS) as sim:
         print(f"simulator on {sim.base_url}; tracing to {args.traces_file} (summary lines on stderr)\n")
-        otel_llm.instrument(service_name="otel-llm-demo", traces_file=args.traces_file)
+        # The embedded default writes the file; an OTLP endpoint would replace it, so keep both.
+        provider = otlp_tracer_provider(args.traces_file) if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") else None
+        otel_llm.instrument(service_name="otel-llm-demo", traces_file=args.traces_file, tracer_provider=provider)
         try:
             run_calls(sim.base_url)
         finally:
             otel_llm.uninstrument()  # flushes the spans to the file
+            if provider is not None:
+                provider.shutdown()
     sys.stderr.flush()
     print(f"\n$ otel-llm view --last 4 {args.traces_file}\n", flush=True)
     return subprocess.call([sys.executable, "-m", "otel_llm.cli.main", "view", "--last", "4", args.traces_file])

@@ -23,3 +23,16 @@ def test_demo_traces_and_draws_four_calls(tmp_path: Path) -> None:
     cold = min(calls, key=lambda s: s["startTimeUnixNano"])
     assert cold["attributes"]["llm.client.time_to_first_byte"] > 0.7  # the simulated cold load
     assert "demo-key-not-recorded" not in (tmp_path / "otel-llm-traces.jsonl").read_text()
+
+
+def test_demo_with_an_otlp_endpoint_sends_there_and_still_draws(tmp_path: Path) -> None:
+    from tests.helpers_servers import OtlpHttpCollector, clean_env
+
+    with OtlpHttpCollector() as collector:
+        env = clean_env(OTEL_EXPORTER_OTLP_ENDPOINT=collector.endpoint)
+        result = subprocess.run([sys.executable, str(DEMO)], cwd=tmp_path, env=env, capture_output=True,
+                                text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.count("llm.server_wait") == 4
+        exported_calls = [s for _, s in collector.received.spans() if s.kind == 3]
+    assert len(exported_calls) == 4
