@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from opentelemetry import trace
 from opentelemetry.context import Context
+from opentelemetry.trace import SpanContext
 from opentelemetry.metrics import MeterProvider, Observation
 
 from otel_llm import semconv as sc
@@ -22,8 +24,8 @@ _METRIC_KEYS = (
 # The SDK cleans and hashes every attribute of every measurement, so the per-phase histogram
 # (several records per call) carries only what a phase breakdown is sliced by.
 _PHASE_KEYS = (sc.GEN_AI_PROVIDER_NAME, sc.GEN_AI_REQUEST_MODEL)
-# Measurements are not made inside the call's span context: an empty context spares the SDK
-# a context lookup per record.
+# Most measurements are not made inside the call's span context: an empty context spares the
+# SDK a context lookup and an exemplar offer per record.
 _NO_CONTEXT = Context()
 
 
@@ -77,18 +79,26 @@ class CallMetrics:
             if value is not None:
                 histogram.record(value, attrs, _NO_CONTEXT)
 
-    def record(self, span_attrs: dict[str, Any], timings: dict[str, Any], phases: list[tuple[str, float]]) -> None:
-        """Record one finished call; ``timings`` holds the llm.client.* values."""
+    def record(self, span_attrs: dict[str, Any], timings: dict[str, Any], phases: list[tuple[str, float]],
+               span_context: SpanContext | None = None) -> None:
+        """Record one finished call; ``timings`` holds the llm.client.* values.
+
+        The call's duration and time to first token are recorded in the call span's context so
+        the SDK keeps exemplars (trace ids) on them: a latency panel links to its slow traces.
+        The other records skip that (two exemplar offers per call, not twelve)."""
         attrs = {k: span_attrs[k] for k in _METRIC_KEYS if k in span_attrs}
         context = _NO_CONTEXT
-        self.duration.record(timings["duration"], attrs, context)
+        linked = _NO_CONTEXT
+        if span_context is not None and span_context.trace_flags.sampled:
+            linked = trace.set_span_in_context(trace.NonRecordingSpan(span_context), _NO_CONTEXT)
+        self.duration.record(timings["duration"], attrs, linked)
         for token_type, key in (("input", sc.GEN_AI_USAGE_INPUT_TOKENS), ("output", sc.GEN_AI_USAGE_OUTPUT_TOKENS)):
             value = span_attrs.get(key)
             if isinstance(value, int):
                 self.tokens.record(value, {**attrs, sc.GEN_AI_TOKEN_TYPE: token_type}, context)
         ttft = timings.get(sc.LLM_CLIENT_TIME_TO_FIRST_TOKEN)
         if ttft is not None:
-            self.first_chunk.record(ttft, attrs, context)
+            self.first_chunk.record(ttft, attrs, linked)
         per_chunk = timings.get("time_per_chunk")
         if per_chunk is not None:
             self.per_chunk.record(per_chunk, attrs, context)

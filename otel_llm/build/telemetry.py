@@ -144,7 +144,8 @@ class Telemetry:
         children = phases + synthesized
         self._sink.finish(call, span, error, children, [_phase_attributes(call, p) for p in children])
         try:
-            self.metrics.record(attrs, timings, [(p.name, (p.end_ns - p.start_ns) * _NS) for p in phases])
+            self.metrics.record(attrs, timings, [(p.name, (p.end_ns - p.start_ns) * _NS) for p in phases],
+                                span.context if span.recording else None)
             if counters is not None:
                 self.metrics.record_runtime(attrs, counters)
         except Exception:
