@@ -33,10 +33,10 @@ PROMETHEUS_PORT_ENV = "OTEL_EXPORTER_PROMETHEUS_PORT"
 PROMETHEUS_DEFAULT_HOST = "localhost"
 PROMETHEUS_DEFAULT_PORT = 9464
 _METRICS_EXPORTERS = ("otlp", "prometheus", "none")
-# Resource attributes copied onto every Prometheus series (as service_name), so dashboards can
-# filter by service whether metrics were scraped directly or went through a collector with
-# resource_to_telemetry_conversion.
-_PROMETHEUS_RESOURCE_LABELS = frozenset({"service.name"})
+# Resource attributes copied onto every Prometheus series (as service_name, host_name when the
+# resource has it), so dashboards can filter by service whether metrics were scraped directly or
+# went through a collector with resource_to_telemetry_conversion.
+_PROMETHEUS_RESOURCE_LABELS = frozenset({"service.name", "host.name"})
 
 # The Prometheus endpoint is served once per process (it serves prometheus_client's global
 # registry, where every PrometheusMetricReader registers itself): later sessions reuse it.
