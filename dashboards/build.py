@@ -305,31 +305,47 @@ def calls_dashboard() -> dict[str, Any]:
                 MR_LEGEND + " {{error_type}}")],
         "reqps", stack=True), w=24)
 
-    lay.row("Diagnosis: cold starts, unaccounted wait, buffering (from metrics)")
-    ttft = "gen_ai_server_time_to_first_token_seconds"
+    lay.row("Diagnosis: cold starts, unaccounted wait, buffering, bottlenecks")
+    diag = "llm_diagnosis_calls_total"
+    true = '=~"(?i)true"'  # bools are "True" scraped directly, "true" through a collector
     lay.add(stat(
-        "Calls with a slow runtime start (> 250 ms), this time range",
-        "Calls whose runtime-reported time to first token (queue + model load + prefill) exceeded 250 ms: model "
-        "loads (cold starts) and long prefills. The exact per-call verdict is the span attribute "
-        "llm.diagnosis.cold_start.",
-        [target(f"sum(increase({ttft}_count{{{CALL}}}[$__range])) - "
-                f'sum(increase({ttft}_bucket{{{CALL}, le="0.25"}}[$__range]))', "slow starts", instant=True)],
+        "Cold starts, this time range",
+        "Calls diagnosed as cold starts (llm.diagnosis.calls with llm.diagnosis.cold_start=true): the runtime "
+        "reported a model load, or the call came right after an unload. Keep the model resident to avoid them.",
+        [target(f"sum(increase({diag}{{{CALL}, llm_diagnosis_cold_start{true}}}[$__range])) or vector(0)",
+                "cold starts", instant=True)],
         "none"), w=6)
     lay.add(timeseries(
-        "Slow runtime starts per minute by model",
-        "Rate of calls whose runtime-reported time to first token exceeded 250 ms (loads and long prefills).",
-        [target(f"60 * (sum by ({MR}) (rate({ttft}_count{{{CALL}}}[{RI}])) - "
-                f'sum by ({MR}) (rate({ttft}_bucket{{{CALL}, le="0.25"}}[{RI}])))', MR_LEGEND)],
+        "Cold starts per minute by model",
+        "Rate of calls diagnosed as cold starts (llm.diagnosis.cold_start=true).",
+        # "or 0 * all calls": a model with calls but no cold start shows 0, not a gap
+        [target(f"60 * sum by ({MR}) (rate({diag}{{{CALL}, llm_diagnosis_cold_start{true}}}[{RI}])) "
+                f"or 0 * sum by ({MR}) (rate({diag}{{{CALL}}}[{RI}]))", MR_LEGEND)],
         "none", bars=True), w=6)
     lay.add(timeseries(
-        "Unaccounted wait (approx.): client TTFT - runtime TTFT, mean",
-        "Mean client time to first token minus mean runtime-reported time to first token: wait before the first "
-        "token that the runtime's queue, load and prefill counters do not explain (network, proxies, queueing the "
-        "runtime does not report). Approximate: the two means are over streamed calls and over calls with runtime "
-        "counters respectively. Per call: span attribute llm.diagnosis.unaccounted_wait.",
-        [target(f"clamp_min(({mean('gen_ai_client_operation_time_to_first_chunk_seconds', CALL, MR)}) - "
-                f"({mean(ttft, CALL, MR)}), 0)", MR_LEGEND, exemplar=True)],
+        "Unaccounted wait p50 / p95",
+        "llm.diagnosis.unaccounted_wait: wait before the first token that the runtime's own queue, load and "
+        "prefill counters do not explain (network, proxies, a gateway's queue, queueing the runtime does not "
+        "report). Only calls whose runtime reports its counters.",
+        [target(quantile(0.5, "llm_diagnosis_unaccounted_wait_seconds", CALL, MR), "p50 " + MR_LEGEND,
+                exemplar=True),
+         target(quantile(0.95, "llm_diagnosis_unaccounted_wait_seconds", CALL, MR), "p95 " + MR_LEGEND, "B",
+                exemplar=True)],
         "s", links=[CALL_TRACES]))
+    lay.add(timeseries(
+        "Buffered streams (share of streamed calls)",
+        "Share of streamed calls whose tokens arrived in bursts after silences (llm.diagnosis.stream_buffered=true): "
+        "an intermediary buffers the stream.",
+        [target(f"(sum by ({MR}) (rate({diag}{{{CALL}, llm_diagnosis_stream_buffered{true}}}[{RI}])) "
+                f'or 0 * sum by ({MR}) (rate({diag}{{{CALL}, llm_diagnosis_stream_buffered=~".+"}}[{RI}]))) / '
+                f'sum by ({MR}) (rate({diag}{{{CALL}, llm_diagnosis_stream_buffered=~".+"}}[{RI}]))', MR_LEGEND)],
+        "percentunit"))
+    lay.add(timeseries(
+        "Bottleneck per call",
+        "Calls per second by llm.diagnosis.bottleneck: the phase that dominated each call (queue, load, prefill, "
+        "decode, network, buffering, none).",
+        [target(f"sum by (llm_diagnosis_bottleneck) (rate({diag}{{{CALL}}}[{RI}]))", "{{llm_diagnosis_bottleneck}}")],
+        "reqps", stack=True), w=24)
     lay.add(timeseries(
         "Token pacing: client chunk interval vs runtime token interval",
         "Mean interval between output chunks seen by the client (gen_ai.client.operation.time_per_output_chunk) "

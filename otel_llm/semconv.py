@@ -174,6 +174,8 @@ METRIC_SERVER_TIME_PER_OUTPUT_TOKEN = "gen_ai.server.time_per_output_token"
 METRIC_RUNTIME_PROMPT_EVAL_RATE = "llm.runtime.prompt_eval.rate"
 METRIC_RUNTIME_GENERATION_RATE = "llm.runtime.generation.rate"
 METRIC_ACTIVE_REQUESTS = "llm.client.active_requests"
+METRIC_DIAGNOSIS_CALLS = "llm.diagnosis.calls"  # by bottleneck, cold_start, stream_buffered
+METRIC_DIAGNOSIS_UNACCOUNTED_WAIT = LLM_DIAGNOSIS_UNACCOUNTED_WAIT
 
 DURATION_BUCKETS = (
     0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,

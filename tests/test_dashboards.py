@@ -327,7 +327,7 @@ def gateway(i):
 
 
 def llama_server(i):
-    body = {"model": "gemma-3-270m", "messages": MSG, "stream": True, "max_tokens": 4}
+    body = {"model": "gemma-3-270m", "messages": MSG, "stream": True, "max_tokens": 10, "ignore_eos": True}
     post(cfg["llama"] + "/v1/chat/completions", body)
     time.sleep(0.3)  # the real model shares 2 cores with everything else
 

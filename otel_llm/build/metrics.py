@@ -24,6 +24,8 @@ _METRIC_KEYS = (
 # The SDK cleans and hashes every attribute of every measurement, so the per-phase histogram
 # (several records per call) carries only what a phase breakdown is sliced by.
 _PHASE_KEYS = (sc.GEN_AI_PROVIDER_NAME, sc.GEN_AI_REQUEST_MODEL)
+_DIAGNOSIS_KEYS = _PHASE_KEYS + (sc.LLM_DIAGNOSIS_BOTTLENECK, sc.LLM_DIAGNOSIS_COLD_START,
+                                 sc.LLM_DIAGNOSIS_STREAM_BUFFERED)
 # Most measurements are not made inside the call's span context: an empty context spares the
 # SDK a context lookup and an exemplar offer per record.
 _NO_CONTEXT = Context()
@@ -60,11 +62,27 @@ class CallMetrics:
                                      "Prompt evaluation rate reported by the runtime.", sc.RATE_BUCKETS)
         self.generation_rate = histogram(sc.METRIC_RUNTIME_GENERATION_RATE, "{token}/s",
                                          "Generation rate reported by the runtime.", sc.RATE_BUCKETS)
+        self.diagnosed = meter.create_counter(
+            sc.METRIC_DIAGNOSIS_CALLS, unit="{call}",
+            description="Model calls by diagnosis: bottleneck, cold start, buffered stream.")
+        self.unaccounted = histogram(sc.METRIC_DIAGNOSIS_UNACCOUNTED_WAIT, "s",
+                                     "Wait before the first token that the runtime's own counters do not explain.",
+                                     sc.PHASE_BUCKETS)
         # Observed at collection time from the in-flight table: no cost per call.
         meter.create_observable_up_down_counter(
             sc.METRIC_ACTIVE_REQUESTS, callbacks=[lambda options: _active(in_flight)], unit="{request}",
             description="Model calls in flight, by server.",
         )
+
+    def record_diagnosis(self, span_attrs: dict[str, Any]) -> None:
+        """Count the call under its per-call verdicts, so dashboards can chart them exactly."""
+        attrs = {k: span_attrs[k] for k in _DIAGNOSIS_KEYS if k in span_attrs}
+        attrs.setdefault(sc.LLM_DIAGNOSIS_BOTTLENECK, "none")
+        self.diagnosed.add(1, attrs, _NO_CONTEXT)
+        unaccounted = span_attrs.get(sc.LLM_DIAGNOSIS_UNACCOUNTED_WAIT)
+        if unaccounted is not None:
+            self.unaccounted.record(unaccounted, {k: span_attrs[k] for k in _PHASE_KEYS if k in span_attrs},
+                                    _NO_CONTEXT)
 
     def record_runtime(self, span_attrs: dict[str, Any], counters: RuntimeCounters) -> None:
         """The runtime-reported latencies and rates, when it reported them."""

@@ -146,6 +146,7 @@ class Telemetry:
         try:
             self.metrics.record(attrs, timings, [(p.name, (p.end_ns - p.start_ns) * _NS) for p in phases],
                                 span.context if span.recording else None)
+            self.metrics.record_diagnosis(attrs)
             if counters is not None:
                 self.metrics.record_runtime(attrs, counters)
         except Exception:
