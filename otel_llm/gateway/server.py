@@ -91,7 +91,10 @@ def _exit_cleanly(signum: int, frame: Any) -> None:
 def _listen(host: str, port: int) -> socket.socket:
     """Bind here rather than in uvicorn, so port 0 works and the real port can be printed."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on accepted sockets whose proto is TCP.
+    # Without it Nagle holds each write that follows an unacknowledged one (a body after its
+    # head, a frame after the last) until the client's delayed ACK: up to 40 ms per answer.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     sock.listen(2048)
