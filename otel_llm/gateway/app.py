@@ -157,20 +157,22 @@ class Gateway:
                                policy: KeyPolicy, body: bytes) -> None:
         limits = self._limits[policy.key_id]
         limits.enter()
+        # The relay runs in this task (no extra task and loop turn before the upstream call);
+        # a watcher task cancels it if the client disconnects.
+        task = asyncio.current_task()
+        assert task is not None
+        gone = asyncio.Event()
+        watcher = asyncio.ensure_future(_cancel_on_disconnect(receive, task, gone, exchange))
         try:
-            work = asyncio.ensure_future(self._queue_and_relay(exchange, scope, send, body))
-            watcher = asyncio.ensure_future(_disconnected(receive))
-            try:
-                await asyncio.wait((work, watcher), return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                if not work.done():  # the client left (or we are being cancelled): stop upstream
-                    work.cancel()
-                    await asyncio.wait((work,))
-                watcher.cancel()
-            if work.cancelled():
-                raise _ClientGone()
-            work.result()
+            await self._queue_and_relay(exchange, scope, send, body)
+        except asyncio.CancelledError:
+            if not gone.is_set():
+                raise  # the server is shutting down, not a client leaving
+            if hasattr(task, "uncancel"):
+                task.uncancel()
+            raise _ClientGone() from None
         finally:
+            watcher.cancel()
             limits.leave()
 
     async def _queue_and_relay(self, exchange: Exchange, scope: dict[str, Any], send: Any, body: bytes) -> None:
@@ -235,6 +237,7 @@ class Gateway:
             # a truncated response rather than a complete-looking one.
             exchange.outcome, exchange.error = "upstream_error", type(exc).__name__
             raise
+        exchange.complete = True
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _deny(self, exchange: Exchange, send: Any, status: int, outcome: str, message: str,
@@ -279,9 +282,15 @@ async def _read_body(scope: dict[str, Any], receive: Any, limit: int) -> bytes:
             return b"".join(chunks)
 
 
-async def _disconnected(receive: Any) -> None:
-    """Return when the client disconnects (after the body was read, nothing else arrives)."""
+async def _cancel_on_disconnect(receive: Any, task: asyncio.Task[Any], gone: asyncio.Event,
+                                exchange: Exchange) -> None:
+    """Cancel ``task`` when the client disconnects (after the body was read, nothing else arrives).
+
+    uvicorn also answers ``http.disconnect`` once the response is complete: that is no departure."""
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
+            if not exchange.complete:
+                gone.set()
+                task.cancel()
             return

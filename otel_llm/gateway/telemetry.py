@@ -61,6 +61,7 @@ class Exchange:
     head_sent: int | None = None
     end: int | None = None
     bytes_out: int = 0
+    complete: bool = False  # the last byte of the response was handed to the server
     error: str | None = None
 
     def epoch(self, t_ns: int) -> int:
