@@ -72,3 +72,11 @@ def test_readme_gateway_commands_run(tmp_path: Path) -> None:
         finally:
             proc.terminate()
             proc.wait(15)
+
+
+def test_gateway_benchmark_runs_and_reports_the_target() -> None:
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gateway.py"), "--quick"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("added TTFB") == 2 and "gateway CPU per request" in result.stdout
+    assert "target: added median TTFB <= 1 ms on loopback" in result.stdout
