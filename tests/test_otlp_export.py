@@ -73,6 +73,23 @@ def _check_export(received: Received, service: str, model: str = "otlp-model") -
     assert len(spans) == 1 + len(children)
 
 
+def _check_exemplars(received: Received) -> None:
+    """The latency histograms reach the wire with exemplars naming the call span (what lets a
+    collector and Prometheus link a dashboard panel to the trace)."""
+    call = next(s for _, s in received.spans() if s.kind == KIND_CLIENT)
+    found = {}
+    for request in received.metrics:
+        for rm in request.resource_metrics:
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    if metric.WhichOneof("data") == "histogram":
+                        for point in metric.histogram.data_points:
+                            found.setdefault(metric.name, []).extend(point.exemplars)
+    for name in (sc.METRIC_OPERATION_DURATION, sc.METRIC_TIME_TO_FIRST_CHUNK):
+        assert found.get(name), name
+        assert {(e.trace_id, e.span_id) for e in found[name]} == {(call.trace_id, call.span_id)}, name
+
+
 def _check_metrics(received: Received) -> None:
     names = received.metric_names()
     assert {sc.METRIC_OPERATION_DURATION, sc.METRIC_PHASE_DURATION, sc.METRIC_TOKEN_USAGE} <= names, names
@@ -92,6 +109,7 @@ def test_http_protobuf(sim) -> None:
         assert all(ct == "application/x-protobuf" for ct in received.content_types)
         _check_export(received, "svc-x")
         _check_metrics(received)
+        _check_exemplars(received)
 
 
 def test_grpc(sim) -> None:
