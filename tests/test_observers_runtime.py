@@ -327,6 +327,26 @@ def test_absent_endpoint_backs_off(rig: Rig, fake: FakeRuntime, caplog: pytest.L
     assert rig.observer.latest_state(LOOPBACK, fake.port)["requests.running"] == 1
 
 
+@pytest.mark.parametrize("status", [401, 403])
+def test_endpoint_refusing_the_poll_backs_off(rig: Rig, fake: FakeRuntime, caplog: pytest.LogCaptureFixture,
+                                              status: int) -> None:
+    """A runtime behind an authenticating gateway refuses the unauthenticated poll: one log line,
+    then re-checked every ABSENT_RETRY seconds instead of every poll."""
+    caplog.set_level(logging.DEBUG, logger="otel_llm")
+    now = [1000.0]
+    rig.observer._clock = lambda: now[0]
+    rig.registry.note(LOOPBACK, fake.port, "llama.cpp")
+    fake.serve("/metrics", '{"error":{"code":%d}}' % status, status=status, content_type="application/json")
+    for _ in range(5):
+        rig.observer.poll_once()
+        now[0] += 5
+    assert fake.hits["/metrics"] == 1
+    assert len([m for m in _runtime_logs(caplog) if "needs credentials" in m]) == 1
+    now[0] += ABSENT_RETRY
+    rig.observer.poll_once()
+    assert fake.hits["/metrics"] == 2
+
+
 def test_series_changing_type_between_polls(rig: Rig, fake: FakeRuntime, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger="otel_llm")
     rig.registry.note(LOOPBACK, fake.port, "llama.cpp")

@@ -36,8 +36,8 @@ come from the first series present in ``NORMALIZED_SOURCES``; counts are summed 
 
 Failures (unreachable, HTTP error, malformed text, non-JSON) are logged once per
 (server, problem) and retried at the next poll; a failed endpoint's series stop being reported
-until it answers again. An endpoint answering 404/405/501 (or, for an unknown runtime, something
-that is not its format) is re-checked only every ``ABSENT_RETRY`` seconds.
+until it answers again. An endpoint answering 404/405/501 or 401/403 (or, for an unknown runtime,
+something that is not its format) is re-checked only every ``ABSENT_RETRY`` seconds.
 
 The polls are not model routes, so otel_llm's own instrumentation ignores them, and they run with
 OpenTelemetry's HTTP instrumentation suppressed (no span per poll from an application's
@@ -97,6 +97,8 @@ _PATHS: dict[str | None, tuple[str, ...]] = {
     "sglang": (PATH_METRICS,), "lmstudio": (),
 }
 _ABSENT_STATUS = frozenset({404, 405, 501})
+# The server refuses unauthenticated polls (e.g. behind `otel-llm gateway`): same back-off.
+_REFUSED_STATUS = frozenset({401, 403})
 ABSENT_RETRY = 60.0
 TIMEOUT = 1.0
 _OTEL_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_./-]{0,254}\Z")
@@ -268,6 +270,12 @@ class RuntimeStateObserver:
                            f"runtime state: {url} answered {response.status_code}{hint}; "
                            f"re-checking every {ABSENT_RETRY:.0f} s",
                            logging.INFO if known else logging.DEBUG)
+            return None
+        if response.status_code in _REFUSED_STATUS:
+            state.retry_at[path] = self._clock() + ABSENT_RETRY
+            self._log_once((server, path, "refused"),
+                           f"runtime state: {url} answered {response.status_code} (it needs credentials); "
+                           f"re-checking every {ABSENT_RETRY:.0f} s", logging.INFO)
             return None
         if not response.is_success:
             self._log_once((server, path, "status", response.status_code),
