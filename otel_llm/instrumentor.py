@@ -16,7 +16,7 @@ from wrapt import wrap_function_wrapper
 
 from otel_llm._log import logger
 from otel_llm.build.telemetry import CallSettings, Telemetry
-from otel_llm.capture import dns, transport
+from otel_llm.capture import dns, streams, transport
 from otel_llm.config import Options, resolve
 from otel_llm.export.providers import Providers, build_providers
 from otel_llm.observers.manager import Observers
@@ -55,6 +55,7 @@ def _optional_module(name: str) -> Any:
 def _at_exit() -> None:
     telemetry = _telemetry
     if telemetry is not None:
+        streams.flush_collected(1.0)  # garbage-collected calls still queued
         telemetry.finish_live_calls()
     providers = OtelLlmInstrumentor()._providers
     if providers is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
@@ -29,6 +30,10 @@ _DIAGNOSIS_KEYS = _PHASE_KEYS + (sc.LLM_DIAGNOSIS_BOTTLENECK, sc.LLM_DIAGNOSIS_C
 # Most measurements are not made inside the call's span context: an empty context spares the
 # SDK a context lookup and an exemplar offer per record.
 _NO_CONTEXT = Context()
+# The SDK keeps the first registration of an instrument name per meter and ignores the callbacks
+# of later ones: after uninstrument()/instrument() on the same meter provider, the active-requests
+# observable must read the new session's in-flight table, so its callback reads it from a holder.
+_IN_FLIGHT: weakref.WeakKeyDictionary[Any, list[InFlight]] = weakref.WeakKeyDictionary()
 
 
 class CallMetrics:
@@ -69,8 +74,20 @@ class CallMetrics:
                                      "Wait before the first token that the runtime's own counters do not explain.",
                                      sc.PHASE_BUCKETS)
         # Observed at collection time from the in-flight table: no cost per call.
+        try:
+            holder = _IN_FLIGHT.get(meter)
+        except TypeError:  # a meter that cannot be weakly referenced
+            holder = None
+        if holder is not None:
+            holder[0] = in_flight
+            return
+        holder = [in_flight]
+        try:
+            _IN_FLIGHT[meter] = holder
+        except TypeError:
+            pass
         meter.create_observable_up_down_counter(
-            sc.METRIC_ACTIVE_REQUESTS, callbacks=[lambda options: _active(in_flight)], unit="{request}",
+            sc.METRIC_ACTIVE_REQUESTS, callbacks=[lambda options: _active(holder[0])], unit="{request}",
             description="Model calls in flight, by server.",
         )
 

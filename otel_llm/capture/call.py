@@ -169,15 +169,16 @@ class LlmCall:
         self.pending = 0
 
     # -- end ---------------------------------------------------------------------------------
-    def finish(self, reason: str, exc: BaseException | None = None) -> None:
-        """End the call once: fold what is left, then build spans and metrics."""
+    def finish(self, reason: str, exc: BaseException | None = None, at_ns: int = 0) -> None:
+        """End the call once (at ``at_ns`` if given, else now): fold what is left, then build
+        spans and metrics."""
         if self._done or not self._lock.acquire(blocking=False):
             return
         try:
             if self._done:
                 return
             self._done = True
-            self.t_end = perf_ns()
+            self.t_end = at_ns or perf_ns()
             self.end_reason = reason
             self.exception = exc
             if self.chunks:
@@ -188,6 +189,10 @@ class LlmCall:
         except Exception:
             log_once("finishing a model call failed")
         finally:
+            # The exception's traceback reaches the response stream, whose weakref.finalize (a GC
+            # root) holds this call: keeping it would keep the call, its request, response and
+            # connection alive forever.
+            self.exception = None
             self._lock.release()
 
     def finish_from_exception(self, exc: BaseException) -> None:

@@ -8,20 +8,58 @@ of: end of body, ``close()``/``aclose()``, an exception (``GeneratorExit`` is an
 
 from __future__ import annotations
 
+import queue
+import threading
 import weakref
 from types import ModuleType
 from typing import Any
 
 from otel_llm.capture.call import END_CLOSED, END_EOF, END_GC, FOLD_BYTES, LlmCall, perf_ns
 
+# Calls whose response was garbage-collected unconsumed, with the time it happened; finished by
+# the reaper thread. (An Event in the queue is a flush marker: set when reached.)
+_collected: queue.SimpleQueue[Any] = queue.SimpleQueue()
+_reaper_lock = threading.Lock()
+_reaper: threading.Thread | None = None
+
 
 def _finish_collected(call: LlmCall) -> None:
-    # weakref.finalize callback: must not reference the stream itself.
-    call.finish(END_GC)
+    # weakref.finalize callback: must not reference the stream itself. It runs inside the garbage
+    # collector, which CPython starts at any allocation, e.g. while this very thread holds
+    # InFlight's lock, a span processor's or a metric aggregation's, which finishing needs: so only
+    # note the time and hand the call over (SimpleQueue.put is reentrant, safe in a finalizer).
+    _collected.put((call, perf_ns()))
+
+
+def _reap() -> None:
+    while True:
+        item = _collected.get()
+        if isinstance(item, threading.Event):
+            item.set()
+        else:
+            item[0].finish(END_GC, at_ns=item[1])
+        del item  # waiting for the next one must not keep this call alive
+
+
+def start_reaper() -> None:
+    """Start the thread that finishes garbage-collected calls (at instrument(), never in a finalizer)."""
+    global _reaper
+    with _reaper_lock:
+        if _reaper is None or not _reaper.is_alive():
+            _reaper = threading.Thread(target=_reap, name="otel_llm-collected", daemon=True)
+            _reaper.start()
+
+
+def flush_collected(timeout: float = 5.0) -> bool:
+    """Wait until the calls collected so far are finished (tests, process exit)."""
+    marker = threading.Event()
+    _collected.put(marker)
+    return marker.wait(timeout)
 
 
 def make_stream_classes(httpx_module: ModuleType) -> tuple[type, type]:
     """Return (sync, async) stream wrapper classes built on ``httpx_module``'s byte streams."""
+    start_reaper()
 
     class SyncLlmStream(httpx_module.SyncByteStream):  # type: ignore[name-defined,misc]
         def __init__(self, inner: Any, call: LlmCall) -> None:

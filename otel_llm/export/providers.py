@@ -37,6 +37,7 @@ _METRICS_EXPORTERS = ("otlp", "prometheus", "none")
 # resource has it), so dashboards can filter by service whether metrics were scraped directly or
 # went through a collector with resource_to_telemetry_conversion.
 _PROMETHEUS_RESOURCE_LABELS = frozenset({"service.name", "host.name"})
+SHUTDOWN_TIMEOUT = 5.0  # seconds uninstrument() and process exit wait for otel_llm's own exporters
 
 # The Prometheus endpoint is served once per process (it serves prometheus_client's global
 # registry, where every PrometheusMetricReader registers itself): later sessions reuse it.
@@ -54,12 +55,29 @@ class Providers:
     owned: list[Any] = field(default_factory=list)  # providers we created and must shut down
     description: str = ""
 
-    def shutdown(self) -> None:
-        for provider in self.owned:
-            try:
-                provider.shutdown()
-            except Exception:  # shutting down must not fail uninstrument()
-                pass
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Flush and shut down the providers otel_llm created, waiting at most ``timeout`` seconds
+        (SHUTDOWN_TIMEOUT): with a collector that accepts connections and never answers, the SDK
+        would hold uninstrument() and process exit for the exporters' whole budget (about 40 s with
+        the defaults: a 30 s batch-processor join, then a 10 s metric export)."""
+        owned = list(self.owned)
+        if not owned:
+            return
+
+        def run() -> None:
+            for provider in owned:
+                try:
+                    provider.shutdown()
+                except Exception:  # shutting down must not fail uninstrument()
+                    pass
+
+        limit = SHUTDOWN_TIMEOUT if timeout is None else timeout
+        worker = threading.Thread(target=run, name="otel_llm-shutdown", daemon=True)
+        worker.start()
+        worker.join(limit)
+        if worker.is_alive():
+            log_once(f"the exporters did not finish within {limit:g} s; telemetry not sent yet is dropped",
+                     exc_info=False)
 
 
 def _global_tracer_provider() -> Any | None:

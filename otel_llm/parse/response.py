@@ -371,7 +371,7 @@ def _merge_llamacpp(acc: _Acc, o: dict) -> None:
         acc.info.runtime = "llama.cpp"
         prompt_n, cache_n = _count(timings.get("prompt_n")), _count(timings.get("cache_n"))
         if prompt_n is not None:
-            acc.fb_input = prompt_n + (cache_n or 0)
+            acc.fb_input = _count(prompt_n + (cache_n or 0))  # the sum may leave int64
         acc.fb_output = _keep(_count(timings.get("predicted_n")), acc.fb_output)
         acc.fb_cached = _keep(cache_n, acc.fb_cached)
     if not isinstance(o.get("stop"), bool):
@@ -546,7 +546,7 @@ def _finish(acc: _Acc) -> ResponseInfo:
             info.finish_reasons = [acc.reason or acc.alt_reason]  # type: ignore[list-item]
         anthropic = (acc.a_input, acc.a_cache_read, acc.a_cache_write)
         if any(v is not None for v in anthropic):
-            info.input_tokens = sum(v for v in anthropic if v is not None)
+            info.input_tokens = _count(sum(v for v in anthropic if v is not None))  # may leave int64
             if info.cached_input_tokens is None:
                 info.cached_input_tokens = acc.a_cache_read
         if info.input_tokens is None:
