@@ -158,3 +158,54 @@ def test_streamed_calls_reach_phoenix_as_one_tree_per_call(phoenix: PhoenixServe
              _call(spans, f"{tag}-ollama")["context"]["trace_id"]}]  # type: ignore[index]
     assert len(ours) >= 2 * len(PHASES) + 3
     assert all(s["parent_id"] is None or s["parent_id"] in ids for s in ours)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+README_SERVE = "python -m otel_llm.testing.phoenix        # UI and OTLP/HTTP on 127.0.0.1:6006, OTLP/gRPC on 4317"
+README_SEND = "OTEL_LLM_ENDPOINT=http://127.0.0.1:6006 OTEL_METRICS_EXPORTER=none python examples/openai_client.py"
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.timeout(900)
+def test_readme_phoenix_commands(upstream: SimProcess, tmp_path: Path) -> None:
+    """The README's two Phoenix lines, with free ports instead of 6006/4317 and the simulator as
+    the model server: the example's call arrives in Phoenix as a trace."""
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert README_SERVE in readme and README_SEND in readme
+    port, grpc_port = _free_port(), _free_port()
+    env = clean_env()
+    server = subprocess.Popen([sys.executable, "-m", "otel_llm.testing.phoenix", "--port", str(port),
+                               "--grpc-port", str(grpc_port)], env={**env, "PYTHONPATH": str(ROOT)},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        banner = server.stdout.readline()
+        assert f"UI http://127.0.0.1:{port}" in banner, banner
+        example_env = {**env, "OTEL_LLM_ENDPOINT": f"http://127.0.0.1:{port}", "OTEL_METRICS_EXPORTER": "none",
+                       "OTEL_LLM_EXAMPLE_URL": upstream.base_url, "OTEL_LLM_TRACES_FILE": str(tmp_path / "t.jsonl"),
+                       "PYTHONPATH": str(ROOT)}
+        run = subprocess.run([sys.executable, str(ROOT / "examples" / "openai_client.py")], env=example_env,
+                             cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stderr
+        assert "Failed to export" not in run.stderr  # metrics are off, traces accepted
+        deadline, names = time.monotonic() + 30, set()
+        while time.monotonic() < deadline and not any(n.startswith("chat ") for n in names):
+            spans = httpx.get(f"http://127.0.0.1:{port}/v1/projects/default/spans", timeout=10).json()
+            names = {s.get("name", "") for s in spans.get("data", [])}
+            time.sleep(0.5)
+        assert any(n.startswith("chat ") for n in names) and sc.SPAN_SERVER_WAIT in names, names
+    finally:
+        server.terminate()
+        server.wait(30)
