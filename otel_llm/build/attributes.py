@@ -67,7 +67,15 @@ def _put(attrs: dict[str, Any], key: str, value: Any) -> None:
         return
     if isinstance(value, float) and not math.isfinite(value):
         return
-    attrs[key] = value
+    attrs[key] = _utf8(value) if isinstance(value, str) else value
+
+
+def _utf8(text: str) -> str:
+    """``text`` as valid UTF-8: a lone surrogate (JSON allows ``"\\ud800"``) would make the OTLP
+    encoder drop the attribute with a traceback per span."""
+    if text.isascii():
+        return text
+    return text.encode("utf-8", "replace").decode("utf-8")
 
 
 def request_attributes(call: LlmCall, provider: str, capture_content: bool) -> dict[str, Any]:
@@ -116,7 +124,7 @@ def response_attributes(response: ResponseInfo | None, attrs: dict[str, Any], ca
     _put(attrs, sc.GEN_AI_RESPONSE_ID, response.response_id)
     _put(attrs, sc.GEN_AI_RESPONSE_MODEL, response.response_model)
     if response.finish_reasons:
-        attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] = list(response.finish_reasons)
+        attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] = [_utf8(r) for r in response.finish_reasons]
     _put(attrs, sc.GEN_AI_USAGE_INPUT_TOKENS, response.input_tokens)
     _put(attrs, sc.GEN_AI_USAGE_OUTPUT_TOKENS, response.output_tokens)
     _put(attrs, sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, response.cached_input_tokens)
