@@ -1,8 +1,10 @@
-"""Child processes that otel_llm starts (the simulator, llama-server)."""
+"""Child processes that otel_llm starts (the simulator, llama-server, Phoenix, the gateway)."""
 
 from __future__ import annotations
 
 import subprocess
+import time
+from collections.abc import Callable
 from typing import Any
 
 
@@ -14,3 +16,22 @@ def terminate(proc: subprocess.Popen[Any], grace: float) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def wait_until_ok(url: str, proc: subprocess.Popen[Any], timeout: float, interval: float,
+                  fail: Callable[[str], Exception]) -> None:
+    """Poll ``url`` until it answers 200; ``fail(why)`` is raised if ``proc`` exits first or
+    ``timeout`` seconds pass (a server that is up but not ready answers something else)."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise fail(f"exited with {proc.returncode}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(interval)
+    raise fail(f"not ready after {timeout:.0f} s")

