@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import subprocess
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, MutableSequence
 from typing import Any
 
 
@@ -16,6 +17,20 @@ def terminate(proc: subprocess.Popen[Any], grace: float) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def start_logged(command: list[str], log: MutableSequence[str], name: str, **popen: Any) -> subprocess.Popen[str]:
+    """Start ``command`` with stdout and stderr merged; a daemon thread appends each line to
+    ``log`` (a bounded deque), so a failure can quote what the child said."""
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, text=True, **popen)
+
+    def drain() -> None:
+        for line in proc.stdout or ():
+            log.append(line.rstrip())
+
+    threading.Thread(target=drain, name=name, daemon=True).start()
+    return proc
 
 
 def wait_until_ok(url: str, proc: subprocess.Popen[Any], timeout: float, interval: float,

@@ -4,7 +4,6 @@ with correct parent links, and the client's ``llm.server_wait`` must contain the
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,6 +12,7 @@ import ollama
 import pytest
 
 from otel_llm import semconv as sc
+from otel_llm.parse.server_timing import parse_server_timing
 from otel_llm.gateway.process import GatewayProcess
 from otel_llm.sim import SimProcess
 from tests.conftest import Otel
@@ -120,8 +120,8 @@ def test_one_trace_spans_client_gateway_and_runtime(otel: Otel, upstream: SimPro
 
 
 def _server_timing(value: str) -> dict[str, float]:
-    return {m["name"]: float(m["dur"]) for m in re.finditer(r"(?P<name>\w+)(?:;desc=\"[^\"]*\")?;dur=(?P<dur>[\d.]+)",
-                                                            value)}
+    """The header's entries in milliseconds, as the gateway writes them."""
+    return {name: seconds * 1000 for name, seconds in parse_server_timing(value).items()}
 
 
 def test_server_timing_shows_the_gateways_share(upstream: SimProcess, collector: OtlpHttpCollector,

@@ -165,14 +165,6 @@ README_SERVE = "python -m otel_llm.testing.phoenix        # UI and OTLP/HTTP on 
 README_SEND = "OTEL_LLM_ENDPOINT=http://127.0.0.1:6006 OTEL_METRICS_EXPORTER=none python examples/openai_client.py"
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.mark.timeout(900)
 def test_readme_phoenix_commands(upstream: SimProcess, tmp_path: Path) -> None:
     """The README's two Phoenix lines, with free ports instead of 6006/4317 and the simulator as
@@ -185,7 +177,9 @@ def test_readme_phoenix_commands(upstream: SimProcess, tmp_path: Path) -> None:
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert README_SERVE in readme and README_SEND in readme
-    port, grpc_port = _free_port(), _free_port()
+    from otel_llm.testing.llamacpp import free_port
+
+    port, grpc_port = free_port(), free_port()
     env = clean_env()
     server = subprocess.Popen([sys.executable, "-m", "otel_llm.testing.phoenix", "--port", str(port),
                                "--grpc-port", str(grpc_port)], env={**env, "PYTHONPATH": str(ROOT)},

@@ -91,19 +91,17 @@ class CallMetrics:
             description="Model calls in flight, by server.",
         )
 
-    def record_diagnosis(self, span_attrs: dict[str, Any]) -> None:
+    def _record_diagnosis(self, span_attrs: dict[str, Any], phase_attrs: dict[str, Any]) -> None:
         """Count the call under its per-call verdicts, so dashboards can chart them exactly."""
         attrs = {k: span_attrs[k] for k in _DIAGNOSIS_KEYS if k in span_attrs}
         attrs.setdefault(sc.LLM_DIAGNOSIS_BOTTLENECK, "none")
         self.diagnosed.add(1, attrs, _NO_CONTEXT)
         unaccounted = span_attrs.get(sc.LLM_DIAGNOSIS_UNACCOUNTED_WAIT)
         if unaccounted is not None:
-            self.unaccounted.record(unaccounted, {k: span_attrs[k] for k in _PHASE_KEYS if k in span_attrs},
-                                    _NO_CONTEXT)
+            self.unaccounted.record(unaccounted, phase_attrs, _NO_CONTEXT)
 
-    def record_runtime(self, span_attrs: dict[str, Any], counters: RuntimeCounters) -> None:
+    def _record_runtime(self, attrs: dict[str, Any], counters: RuntimeCounters) -> None:
         """The runtime-reported latencies and rates, when it reported them."""
-        attrs = {k: span_attrs[k] for k in _METRIC_KEYS if k in span_attrs}
         ttft = counters.time_to_first_token
         if ttft is None and counters.prompt_eval_duration is not None:
             ttft = sum(v for v in (counters.queue_duration, counters.load_duration,
@@ -115,8 +113,9 @@ class CallMetrics:
                 histogram.record(value, attrs, _NO_CONTEXT)
 
     def record(self, span_attrs: dict[str, Any], timings: dict[str, Any], phases: list[tuple[str, float]],
-               span_context: SpanContext | None = None) -> None:
-        """Record one finished call; ``timings`` holds the llm.client.* values.
+               span_context: SpanContext | None = None, counters: RuntimeCounters | None = None) -> None:
+        """Record one finished call: ``timings`` holds the llm.client.* values, ``counters`` the
+        runtime's own (when it reported any); the diagnosis comes from ``span_attrs``.
 
         The call's duration and time to first token are recorded in the call span's context so
         the SDK keeps exemplars (trace ids) on them: a latency panel links to its slow traces.
@@ -140,6 +139,9 @@ class CallMetrics:
         phase_attrs = {k: attrs[k] for k in _PHASE_KEYS if k in attrs}
         for name, seconds in phases:
             self.phase.record(seconds, {**phase_attrs, sc.LLM_PHASE: name}, context)
+        self._record_diagnosis(span_attrs, phase_attrs)
+        if counters is not None:
+            self._record_runtime(attrs, counters)
 
 
 def _active(in_flight: InFlight) -> list[Observation]:

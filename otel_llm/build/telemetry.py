@@ -145,10 +145,7 @@ class Telemetry:
         self._sink.finish(call, span, error, children, [_phase_attributes(call, p) for p in children])
         try:
             self.metrics.record(attrs, timings, [(p.name, (p.end_ns - p.start_ns) * _NS) for p in phases],
-                                span.context if span.recording else None)
-            self.metrics.record_diagnosis(attrs)
-            if counters is not None:
-                self.metrics.record_runtime(attrs, counters)
+                                span.context if span.recording else None, counters)
         except Exception:
             log_once("recording model-call metrics failed")
 

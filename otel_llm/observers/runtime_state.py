@@ -99,6 +99,7 @@ _PATHS: dict[str | None, tuple[str, ...]] = {
 _ABSENT_STATUS = frozenset({404, 405, 501})
 # The server refuses unauthenticated polls (e.g. behind `otel-llm gateway`): same back-off.
 _REFUSED_STATUS = frozenset({401, 403})
+_BACK_OFF_STATUS = _ABSENT_STATUS | _REFUSED_STATUS
 ABSENT_RETRY = 60.0
 TIMEOUT = 1.0
 _OTEL_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_./-]{0,254}\Z")
@@ -262,20 +263,16 @@ class RuntimeStateObserver:
             if self._stop.is_set():  # stop() closed the client during this poll
                 return None
             raise
-        if response.status_code in _ABSENT_STATUS:
+        if response.status_code in _BACK_OFF_STATUS:
             state.retry_at[path] = self._clock() + ABSENT_RETRY
-            known = server.runtime is not None
-            hint = " (llama-server needs --metrics)" if state.runtime == "llama.cpp" else ""
-            self._log_once((server, path, "absent"),
-                           f"runtime state: {url} answered {response.status_code}{hint}; "
-                           f"re-checking every {ABSENT_RETRY:.0f} s",
-                           logging.INFO if known else logging.DEBUG)
-            return None
-        if response.status_code in _REFUSED_STATUS:
-            state.retry_at[path] = self._clock() + ABSENT_RETRY
-            self._log_once((server, path, "refused"),
-                           f"runtime state: {url} answered {response.status_code} (it needs credentials); "
-                           f"re-checking every {ABSENT_RETRY:.0f} s", logging.INFO)
+            if response.status_code in _REFUSED_STATUS:
+                why, problem, level = " (it needs credentials)", "refused", logging.INFO
+            else:
+                why = " (llama-server needs --metrics)" if state.runtime == "llama.cpp" else ""
+                problem, level = "absent", logging.INFO if server.runtime is not None else logging.DEBUG
+            self._log_once((server, path, problem),
+                           f"runtime state: {url} answered {response.status_code}{why}; "
+                           f"re-checking every {ABSENT_RETRY:.0f} s", level)
             return None
         if not response.is_success:
             self._log_once((server, path, "status", response.status_code),

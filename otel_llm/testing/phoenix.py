@@ -39,12 +39,11 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from threading import Thread
-from typing import IO, Any
+from typing import Any
 
 import httpx
 
-from otel_llm._process import terminate, wait_until_ok
+from otel_llm._process import start_logged, terminate, wait_until_ok
 from otel_llm.testing.llamacpp import DEFAULT_CACHE, free_port
 
 __all__ = ["PHOENIX_VERSION", "PhoenixError", "PhoenixServer", "phoenix_executable"]
@@ -179,19 +178,13 @@ class PhoenixServer:
         env = _clean_env(PHOENIX_WORKING_DIR=str(self.working_dir), PHOENIX_HOST="127.0.0.1",
                          PHOENIX_PORT=str(self.port), PHOENIX_GRPC_PORT=str(self.grpc_port),
                          PHOENIX_TELEMETRY_ENABLED="false", PYTHONUNBUFFERED="1")
-        self._proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, text=True, env=env, cwd=self.working_dir)
-        Thread(target=self._drain, args=(self._proc.stdout,), name="phoenix-log", daemon=True).start()
+        self._proc = start_logged(command, self._log, "phoenix-log", env=env, cwd=self.working_dir)
         try:
             self._wait_ready()
         except BaseException:
             self.stop()
             raise
         return self
-
-    def _drain(self, stream: IO[str] | None) -> None:
-        for line in stream or ():
-            self._log.append(line.rstrip())
 
     def _wait_ready(self) -> None:
         """``/healthz`` answers once the app (and with it the gRPC receiver) has started."""
