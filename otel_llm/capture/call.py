@@ -204,5 +204,9 @@ class LlmCall:
             self.finish(END_ERROR, exc)
 
     @property
+    def finished(self) -> bool:
+        return self._done
+
+    @property
     def streaming(self) -> bool:
         return self.scanner is not None

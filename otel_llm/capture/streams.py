@@ -28,7 +28,10 @@ def _finish_collected(call: LlmCall) -> None:
     # collector, which CPython starts at any allocation, e.g. while this very thread holds
     # InFlight's lock, a span processor's or a metric aggregation's, which finishing needs: so only
     # note the time and hand the call over (SimpleQueue.put is reentrant, safe in a finalizer).
-    _collected.put((call, perf_ns()))
+    # Most streams are collected after their call finished: waking the reaper for those would
+    # cost a thread switch per call for nothing.
+    if not call.finished:
+        _collected.put((call, perf_ns()))
 
 
 def _reap() -> None:
