@@ -25,6 +25,9 @@ _METRIC_KEYS = (
 # The SDK cleans and hashes every attribute of every measurement, so the per-phase histogram
 # (several records per call) carries only what a phase breakdown is sliced by.
 _PHASE_KEYS = (sc.GEN_AI_PROVIDER_NAME, sc.GEN_AI_REQUEST_MODEL)
+# The runtime's own latencies and rates (four records per call) are charted by model and runtime;
+# the operation name is the one attribute the GenAI server metrics require beyond those.
+_RUNTIME_KEYS = (sc.GEN_AI_OPERATION_NAME,) + _PHASE_KEYS
 _DIAGNOSIS_KEYS = _PHASE_KEYS + (sc.LLM_DIAGNOSIS_BOTTLENECK, sc.LLM_DIAGNOSIS_COLD_START,
                                  sc.LLM_DIAGNOSIS_STREAM_BUFFERED)
 # Most measurements are not made inside the call's span context: an empty context spares the
@@ -141,7 +144,7 @@ class CallMetrics:
             self.phase.record(seconds, {**phase_attrs, sc.LLM_PHASE: name}, context)
         self._record_diagnosis(span_attrs, phase_attrs)
         if counters is not None:
-            self._record_runtime(attrs, counters)
+            self._record_runtime({k: attrs[k] for k in _RUNTIME_KEYS if k in attrs}, counters)
 
 
 def _active(in_flight: InFlight) -> list[Observation]:
