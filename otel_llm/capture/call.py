@@ -134,6 +134,15 @@ class LlmCall:
         self.marks[DNS_START] = start_ns
         self.marks[DNS_END] = end_ns
 
+    def on_chunk(self, chunk: bytes) -> None:
+        """A chunk of the response body arrived (for clients other than httpx, whose stream
+        wrappers inline this)."""
+        self.times.append(perf_ns())
+        self.chunks.append(chunk)
+        self.pending += len(chunk)
+        if self.pending > FOLD_BYTES:
+            self.fold()
+
     def to_epoch(self, t_ns: int) -> int:
         return self.epoch0 + (t_ns - self.t0)
 
