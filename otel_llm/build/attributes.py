@@ -12,9 +12,9 @@ from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
 from otel_llm import semconv as sc
 
 if TYPE_CHECKING:
-    from otel_llm.capture.call import LlmCall
     from otel_llm.parse.request import RequestInfo
     from otel_llm.parse.response import ResponseInfo
+    from otel_llm.parse.routes import Route
 
 _SECRET_QUERY_KEY = re.compile(
     r"(?i)(key|token|secret|password|passwd|pwd|auth|signature|sig|credential|session|code)"
@@ -78,20 +78,26 @@ def _utf8(text: str) -> str:
     return text.encode("utf-8", "replace").decode("utf-8")
 
 
-def request_attributes(call: LlmCall, provider: str, capture_content: bool) -> dict[str, Any]:
-    """Attributes known when the request starts (samplers see these)."""
-    info: RequestInfo = call.request_info
-    url = call.url
+def endpoint_attributes(route: Route, method: str, url: Any, runtime: str | None,
+                        provider: str) -> dict[str, Any]:
+    """Attributes that depend only on where the call goes (cached per URL by the caller)."""
     attrs: dict[str, Any] = {
-        sc.GEN_AI_OPERATION_NAME: call.route.operation,
+        sc.GEN_AI_OPERATION_NAME: route.operation,
         sc.GEN_AI_PROVIDER_NAME: provider,
-        sc.LLM_API: call.route.api,
-        sc.HTTP_REQUEST_METHOD: call.method,
+        sc.LLM_API: route.api,
+        sc.HTTP_REQUEST_METHOD: method,
         sc.SERVER_ADDRESS: url.host,
         sc.URL_FULL: sanitize_url(str(url)),
     }
     _put(attrs, sc.SERVER_PORT, url.port or (443 if url.scheme == "https" else 80))
-    _put(attrs, sc.LLM_RUNTIME_NAME, call.runtime)
+    _put(attrs, sc.LLM_RUNTIME_NAME, runtime)
+    return attrs
+
+
+def request_attributes(endpoint: dict[str, Any], info: RequestInfo, capture_content: bool) -> dict[str, Any]:
+    """Attributes known when the request starts (samplers see these): the endpoint's, then the
+    request body's."""
+    attrs = dict(endpoint)
     _put(attrs, sc.GEN_AI_REQUEST_MODEL, info.model)
     _put(attrs, sc.GEN_AI_REQUEST_MAX_TOKENS, info.max_tokens)
     _put(attrs, sc.GEN_AI_REQUEST_TEMPERATURE, info.temperature)

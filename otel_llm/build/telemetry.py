@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from opentelemetry import propagate, trace
+from opentelemetry import trace
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 
@@ -18,6 +18,7 @@ from otel_llm.build import attributes as attr_build
 from otel_llm.build import diagnosis
 from otel_llm.build.metrics import CallMetrics
 from otel_llm.build.phases import Phase, compute_phases
+from otel_llm.build.propagation import inject_context
 from otel_llm.build.spans import CallSpan, make_sink
 from otel_llm.build.inflight import InFlight
 from otel_llm.build.runtime import runtime_attributes, synthesized_spans
@@ -28,7 +29,7 @@ from otel_llm.parse.content import stream_text
 from otel_llm.parse.formats import NDJSON
 from otel_llm.parse.request import parse_request
 from otel_llm.parse.response import ResponseInfo, parse_body, parse_events
-from otel_llm.parse.routes import match_route
+from otel_llm.parse.routes import Route, match_route
 from otel_llm.parse.server_timing import parse_server_timing
 from otel_llm.parse.runtimes import RuntimeCounters, runtime_counters
 from otel_llm.version import __version__
@@ -38,6 +39,17 @@ if TYPE_CHECKING:
 
 _NS = 1e-9
 _INTERNAL_TIMINGS = frozenset({"duration", "time_per_chunk"})  # metric inputs, not attributes
+
+
+_MAX_ENDPOINTS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class _Endpoint:
+    runtime: str | None  # configured, else implied by the route
+    configured: bool  # the `runtimes` option named it: evidence from the response does not override
+    server: tuple[str, int]
+    attributes: dict[str, Any]  # never mutated: each call copies it
 
 
 @dataclass
@@ -66,11 +78,13 @@ class Telemetry:
         self._sink = make_sink(self.tracer)
         self.observers = observers
         self.live: dict[int, LlmCall] = {}  # calls not finished yet, by id()
+        self._endpoints: dict[tuple[str, str], _Endpoint] = {}
 
     # -- start ---------------------------------------------------------------------------------
     def start_call(self, request: Any) -> LlmCall | None:
         """A new call if ``request`` is a model call (by route), else None."""
-        route = match_route(request.url.path, self._llm_routes)
+        url = request.url
+        route = match_route(url.path, self._llm_routes)
         if route is None:
             return None
         try:
@@ -78,21 +92,34 @@ class Telemetry:
         except Exception:  # a streaming upload: nothing to parse, the call is still traced
             body = None
         info = parse_request(route.api, body)
-        url = request.url
-        configured = self._configured_runtime(str(url))
-        call = LlmCall(self, route, info, url, request.method, configured or route.runtime)
-        call.runtime_configured = configured is not None
-        call.admission = self.in_flight.admit(
-            (url.host, url.port or 0), body, request.headers, info.model, _unloads(info))
+        method = request.method
+        endpoint = self._endpoint(url, method, route)
+        call = LlmCall(self, route, info, url, method, endpoint.runtime)
+        call.runtime_configured = endpoint.configured
+        call.admission = self.in_flight.admit(endpoint.server, body, request.headers, info.model, _unloads(info))
         self.live[id(call)] = call
-        provider = attr_build.provider_name(call.runtime, url.host, route.api)
-        attrs = attr_build.request_attributes(call, provider, self.settings.capture_content)
+        attrs = attr_build.request_attributes(endpoint.attributes, info, self.settings.capture_content)
         call.span = span = self._sink.start(attr_build.span_name(route.operation, info.model), attrs, call.epoch0)
         if self.observers is not None:
             self._note_server(self.observers, call, span.attributes)
-        carrier = span.live if span.live is not None else trace.NonRecordingSpan(span.context)
-        propagate.inject(request.headers, context=trace.set_span_in_context(carrier))
+        inject_context(request.headers, span)
         return call
+
+    def _endpoint(self, url: Any, method: str, route: Route) -> _Endpoint:
+        """What depends only on the URL and method, computed once per endpoint: an application
+        calls the same few over and over."""
+        key = (str(url), method)
+        endpoint = self._endpoints.get(key)
+        if endpoint is None:
+            configured = self._configured_runtime(key[0])
+            runtime = configured or route.runtime
+            provider = attr_build.provider_name(runtime, url.host, route.api)
+            endpoint = _Endpoint(runtime, configured is not None, (url.host, url.port or 0),
+                                 attr_build.endpoint_attributes(route, method, url, runtime, provider))
+            if len(self._endpoints) >= _MAX_ENDPOINTS:  # URLs with ever-changing query strings
+                self._endpoints.clear()
+            self._endpoints[key] = endpoint
+        return endpoint
 
     @staticmethod
     def _note_server(observers: Observers, call: LlmCall, attrs: dict[str, Any]) -> None:

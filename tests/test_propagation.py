@@ -1,0 +1,91 @@
+"""The trace context written into model requests: the direct path for the default propagators
+writes what the propagator would, and every other configuration goes through the propagator."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from opentelemetry import baggage, context, propagate
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
+from opentelemetry.propagators.composite import CompositePropagator
+from opentelemetry.propagators.textmap import TextMapPropagator
+from opentelemetry.trace import SpanContext, TraceFlags, TraceState
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from otel_llm.build.propagation import inject_context
+from otel_llm.build.spans import CallSpan
+
+
+class Upper(TextMapPropagator):
+    """A propagator of its own: its header must appear, and no traceparent of ours."""
+
+    def inject(self, carrier: Any, context: Any = None, setter: Any = None) -> None:
+        carrier["x-upper"] = "1"
+
+    def extract(self, carrier: Any, context: Any = None, getter: Any = None) -> Any:
+        return context
+
+    @property
+    def fields(self) -> set[str]:
+        return {"x-upper"}
+
+
+def _span(flags: int = TraceFlags.SAMPLED, state: TraceState | None = None) -> CallSpan:
+    ctx = SpanContext(0x0AF7651916CD43DD8448EB211C80319C, 0x00F067AA0BA902B7, False, TraceFlags(flags),
+                      state or TraceState())
+    return CallSpan(ctx, None, True, "chat m", {})
+
+
+def _by_propagator(span: CallSpan) -> dict[str, str]:
+    """What the global propagator itself writes for the span."""
+    from opentelemetry import trace
+
+    headers: dict[str, str] = {}
+    propagate.inject(headers, context=trace.set_span_in_context(trace.NonRecordingSpan(span.context)))
+    return headers
+
+
+@pytest.fixture
+def textmap() -> Any:
+    previous = propagate.get_global_textmap()
+    yield propagate.set_global_textmap
+    propagate.set_global_textmap(previous)
+
+
+@pytest.mark.parametrize("members", [
+    [TraceContextTextMapPropagator(), W3CBaggagePropagator()], [TraceContextTextMapPropagator()],
+])
+@pytest.mark.parametrize("flags, state", [
+    (TraceFlags.SAMPLED, None), (TraceFlags.DEFAULT, None), (TraceFlags.SAMPLED, TraceState([("a", "b"), ("c", "d")])),
+])
+def test_default_propagators_get_the_same_headers(textmap: Any, members: list[Any], flags: int,
+                                                  state: TraceState | None) -> None:
+    textmap(CompositePropagator(members))
+    span = _span(flags, state)
+    headers: dict[str, str] = {}
+    inject_context(headers, span)
+    assert headers == _by_propagator(span)
+    assert headers["traceparent"] == f"00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-{flags:02x}"
+    assert ("tracestate" in headers) == bool(state)
+
+
+def test_baggage_in_the_context_is_propagated(textmap: Any) -> None:
+    textmap(CompositePropagator([TraceContextTextMapPropagator(), W3CBaggagePropagator()]))
+    token = context.attach(baggage.set_baggage("tenant", "acme"))
+    try:
+        headers: dict[str, str] = {}
+        inject_context(headers, _span())
+    finally:
+        context.detach(token)
+    assert headers["baggage"] == "tenant=acme"
+    assert headers["traceparent"].startswith("00-0af7651916cd43dd8448eb211c80319c-")
+
+
+@pytest.mark.parametrize("members", [[Upper()], [TraceContextTextMapPropagator(), Upper()]])
+def test_other_propagators_are_used_as_configured(textmap: Any, members: list[Any]) -> None:
+    textmap(CompositePropagator(members))
+    headers: dict[str, str] = {}
+    inject_context(headers, _span())
+    assert headers["x-upper"] == "1"
+    assert ("traceparent" in headers) == (len(members) == 2)
