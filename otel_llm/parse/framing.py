@@ -60,18 +60,16 @@ class StreamScanner:
     def _scan_tokens(self, times: list[int], chunks: list[bytes], data: bytes) -> None:
         overlap = self._overlap
         skip = len(overlap)
-        first = last = None
-        count = 0
-        for match in self.fmt.token.finditer(overlap + data):
-            if match.end() <= skip:
-                continue  # seen whole in the previous batch
-            if first is None:
-                first = match
-            last = match
-            count += 1
-        if first is None or last is None:
+        # the match objects are made in C; a Python loop over them would cost more than the scan
+        matches = list(self.fmt.token.finditer(overlap + data))
+        seen = 0
+        while seen < len(matches) and matches[seen].end() <= skip:
+            seen += 1  # seen whole in the previous batch
+        count = len(matches) - seen
+        if not count:
             self._note_gaps(times, 0 if self.first_token_ns else len(times))
             return
+        first, last = matches[seen], matches[-1]
         ends = list(accumulate(map(len, chunks)))
         first_index = bisect_right(ends, first.end() - 1 - skip)
         last_index = bisect_right(ends, last.end() - 1 - skip)
