@@ -11,7 +11,14 @@ The share of one core assumes the defaults: a sampler tick every second and one 
 60 s export interval. At that interval every collection also re-runs runtime-process discovery
 (cached for 10 s), so the share counts a cycle plus one discovery.
 
-    python benchmarks/observers.py [--cycles 200] [--ticks 1000] [--llama]
+Those are warm costs, measured back to back. In place, each background thread wakes from a
+sleep, and on a virtual machine work done after a second of idle CPU can cost ten times its warm
+CPU time. So the observers' threads (host sampler, runtime-state poller with a simulated llama.cpp
+server registered) also run in place for ``--in-place`` seconds twice: while the application
+calls a model every 0.5 s, then after it went idle (``idle_after`` shortened to 2 s here); their
+CPU is read per thread from the kernel.
+
+    python benchmarks/observers.py [--cycles 200] [--ticks 1000] [--llama] [--in-place 10]
 """
 
 from __future__ import annotations
@@ -19,10 +26,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import psutil
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -116,13 +125,50 @@ def run(cycles: int, ticks: int, llama: bool) -> None:
     print(f"at the default 1 s interval: {share:.3f} % of one core (target <= 0.2 %)")
 
 
+def observer_threads_cpu() -> float:
+    """CPU seconds used so far by otel_llm's background threads."""
+    ids = {t.native_id for t in threading.enumerate() if t.name.startswith("otel_llm-")}
+    return sum(t.user_time + t.system_time for t in psutil.Process().threads() if t.id in ids)
+
+
+def in_place(seconds: float) -> None:
+    from otel_llm.observers.manager import Observers
+    from otel_llm.sim import SimProcess
+
+    idle_after = 2.0
+    with SimProcess(runtime="llama.cpp") as sim:
+        provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+        observers = Observers(provider, idle_after=idle_after)
+        observers.registry.note("127.0.0.1", sim.port, "llama.cpp")
+        try:
+            shares = []
+            for calling in (True, False):
+                if not calling:
+                    time.sleep(idle_after + 1.0)
+                before, started = observer_threads_cpu(), time.monotonic()
+                while time.monotonic() - started < seconds:
+                    if calling:
+                        observers.activity.touch()  # what a model call does for the observers
+                    time.sleep(0.5)
+                shares.append((observer_threads_cpu() - before) / (time.monotonic() - started) * 100)
+        finally:
+            observers.stop()
+            provider.shutdown()
+    print(f"observer threads in place, application calling every 0.5 s: {shares[0]:.3f} % of one core")
+    print(f"observer threads in place, application idle: {shares[1]:.3f} % of one core")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cycles", type=int, default=200)
     parser.add_argument("--ticks", type=int, default=1000)
     parser.add_argument("--llama", action="store_true", help="run and discover a real llama-server")
+    parser.add_argument("--in-place", type=float, default=10.0, metavar="SECONDS",
+                        help="seconds of each in-place measurement (0: skip)")
     args = parser.parse_args(argv)
     run(args.cycles, args.ticks, args.llama)
+    if args.in_place > 0:
+        in_place(args.in_place)
     return 0
 
 

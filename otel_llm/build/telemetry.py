@@ -124,6 +124,7 @@ class Telemetry:
     @staticmethod
     def _note_server(observers: Observers, call: LlmCall, attrs: dict[str, Any]) -> None:
         """Let the observers watch this server; note what its runtime had queued."""
+        observers.activity.touch()
         host, port = call.admission.server
         observers.registry.note(host, port, call.runtime, call.url.scheme)
         attrs.update(observers.runtime_at_start(host, port))

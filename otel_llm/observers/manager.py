@@ -4,6 +4,8 @@ Each observer is optional (``host_metrics``, ``gpu_metrics``, ``runtime_metrics`
 that fails to start is logged once and left off: observers never stop ``instrument()``.
 What a model call gets from them is read from memory only (the sampler's ring buffer and the
 runtime poller's latest state), so the per-call cost is a few dictionary lookups.
+With no model call for ``idle_after`` seconds (30 s) the host sampler rests and the runtime poller
+slows to one poll per 15 s, until the next call (see ``activity``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 from otel_llm import semconv as sc
 from otel_llm._log import log_once
+from otel_llm.observers.activity import IDLE_AFTER, Activity
 from otel_llm.observers.registry import ServerRegistry
 from otel_llm.version import __version__
 
@@ -21,8 +24,10 @@ class Observers:
     """The observers of one session and the per-call evidence they provide."""
 
     def __init__(self, meter_provider: Any, host: bool = True, gpu: bool = True, runtime: bool = True,
-                 interval: float = 1.0, runtimes: dict[tuple[str, int, str], str] | None = None) -> None:
+                 interval: float = 1.0, runtimes: dict[tuple[str, int, str], str] | None = None,
+                 idle_after: float = IDLE_AFTER) -> None:
         self.registry = ServerRegistry()
+        self.activity = Activity(idle_after)
         for (address, port, scheme), name in (runtimes or {}).items():
             self.registry.note(address, port, name, scheme)
         meter = meter_provider.get_meter(sc.INSTRUMENTATION_NAME, __version__)
@@ -36,7 +41,8 @@ class Observers:
     def _runtime(self, meter: Any) -> Any:
         from otel_llm.observers.runtime_state import RuntimeStateObserver
 
-        observer = RuntimeStateObserver(meter, self.registry, interval=max(self._interval, 0.2))
+        observer = RuntimeStateObserver(meter, self.registry, interval=max(self._interval, 0.2),
+                                        activity=self.activity)
         observer.start()
         self._stoppable.append(observer)
         return observer
@@ -65,7 +71,7 @@ class Observers:
             raise RuntimeError("the runtime process finder did not start")
         HostObserver(meter, self.processes)
         probes = [self.gpu.sample] if self.gpu is not None else []
-        sampler = HostSampler(interval=interval, probes=probes)
+        sampler = HostSampler(interval=interval, probes=probes, activity=self.activity)
         sampler.start()
         self._stoppable.append(sampler)
         return sampler

@@ -65,6 +65,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from otel_llm import semconv as sc
 from otel_llm._log import logger
+from otel_llm.observers.activity import Activity
 from otel_llm.observers.registry import Server, ServerRegistry
 
 from otel_llm.semconv import (  # noqa: F401 - names callers import from here too
@@ -101,6 +102,7 @@ _ABSENT_STATUS = frozenset({404, 405, 501})
 _REFUSED_STATUS = frozenset({401, 403})
 _BACK_OFF_STATUS = _ABSENT_STATUS | _REFUSED_STATUS
 ABSENT_RETRY = 60.0
+IDLE_INTERVAL = 15.0  # between polls while the application makes no model call (a scrape's pace)
 TIMEOUT = 1.0
 _OTEL_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_./-]{0,254}\Z")
 _COUNTER, _GAUGE = "counter", "gauge"
@@ -136,10 +138,11 @@ class RuntimeStateObserver:
     """Polls the registry's model servers for their state; see the module docstring."""
 
     def __init__(self, meter: Meter, registry: ServerRegistry, interval: float = 5.0,
-                 client: httpx.Client | None = None) -> None:
+                 client: httpx.Client | None = None, activity: Activity | None = None) -> None:
         self._meter = meter
         self._registry = registry
         self.interval = interval
+        self.activity = activity  # when given, polls slow to IDLE_INTERVAL while no call is made
         self._own_client = client is None
         self._client = client or httpx.Client(timeout=TIMEOUT, trust_env=False)
         self._states: dict[tuple[str, int], _State] = {}
@@ -164,6 +167,8 @@ class RuntimeStateObserver:
     def stop(self, timeout: float = 3.0) -> None:
         """Stop polling (waits up to ``timeout`` s for a poll in progress)."""
         self._stop.set()
+        if self.activity is not None:
+            self.activity.wake()
         thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
@@ -176,7 +181,11 @@ class RuntimeStateObserver:
     def _run(self) -> None:
         while not self._stop.is_set():
             self.poll_once()
-            self._stop.wait(self.interval)
+            if self.activity is not None and self.activity.idle():
+                # the gauges stay fresh enough for a dashboard; the next call wakes the poller
+                self.activity.rest(max(self.interval, IDLE_INTERVAL))
+            else:
+                self._stop.wait(self.interval)
 
     # -- polling --------------------------------------------------------------------------------
     def poll_once(self) -> None:

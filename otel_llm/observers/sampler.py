@@ -32,6 +32,7 @@ from typing import Any
 import psutil
 
 from otel_llm._log import log_once
+from otel_llm.observers.activity import Activity
 from otel_llm.observers.host import read_vmstat
 from otel_llm.semconv import (  # noqa: F401 - names callers import from here too
     LLM_HOST_CPU_UTILIZATION, LLM_HOST_MEMORY_UTILIZATION, LLM_HOST_PAGING_MAJOR_FAULTS,
@@ -65,8 +66,10 @@ class Sample:
 class HostSampler:
     """Samples the host every ``interval`` seconds into a ``window``-second ring buffer."""
 
-    def __init__(self, interval: float = 1.0, window: float = 300.0, probes: Sequence[Probe] = ()) -> None:
+    def __init__(self, interval: float = 1.0, window: float = 300.0, probes: Sequence[Probe] = (),
+                 activity: Activity | None = None) -> None:
         self.interval = interval
+        self.activity = activity  # when given, sampling pauses while the application makes no call
         self.interval_ns = int(interval * 1e9)
         self.probes = list(probes)
         self._samples: collections.deque[Sample] = collections.deque(maxlen=max(1, int(window / interval)))
@@ -90,6 +93,8 @@ class HostSampler:
     def stop(self) -> None:
         """Stop the thread; returns as soon as it wakes (at most one sample's time)."""
         self._stop.set()
+        if self.activity is not None:
+            self.activity.wake()
         thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5.0)
@@ -101,10 +106,24 @@ class HostSampler:
             deadline = max(deadline + self.interval, time.monotonic())
             if stop.wait(deadline - time.monotonic()):
                 return
+            if self.activity is not None and self.activity.idle():
+                # no call will read samples taken now: rest until the next one, then start over
+                # from a fresh baseline, so no sample averages over the whole rest
+                self.activity.rest(None)
+                if stop.is_set():
+                    return
+                self._restart()
+                deadline = time.monotonic()
+                continue
             try:
                 self.sample_now()
             except Exception:
                 log_once("host sampler: taking a sample failed")
+
+    def _restart(self) -> None:
+        with self._sampling:
+            self._previous_ns = time.perf_counter_ns()
+            self._previous_cpu = _cpu_busy_total()
 
     # -- sampling -------------------------------------------------------------------------------
     def sample_now(self) -> Sample:
