@@ -2,7 +2,8 @@
 
 Two sinks, same result:
 
-* ``SdkSpanSink`` for the OpenTelemetry SDK's own tracer. The sampler is consulted when the call
+* ``SdkSpanSink`` for the OpenTelemetry SDK's own tracer (the gateway builds its SERVER span
+  tree with it too). The sampler is consulted when the call
   starts (so ``traceparent`` carries the right ids and flags), and at the end the whole tree is
   handed to the tracer's span processors as finished ``ReadableSpan`` objects. That skips the
   SDK's per-span bookkeeping (locks, attribute re-validation of values we built ourselves), which
@@ -16,6 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping
 
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 if TYPE_CHECKING:
@@ -53,39 +55,42 @@ class SdkSpanSink:
         self._resource = tracer.resource
         self._scope = tracer._instrumentation_scope  # noqa: SLF001 (no public accessor)
 
-    def start(self, name: str, attributes: dict[str, Any], start_time: int) -> CallSpan:
-        current = trace.get_current_span().get_span_context()
-        parent = current if current.is_valid else None
-        trace_id = parent.trace_id if parent is not None else self._ids.generate_trace_id()
-        result = self._tracer.sampler.should_sample(
-            None, trace_id, name, SpanKind.CLIENT, attributes, ()
-        )
+    def start(self, name: str, attributes: dict[str, Any], start_time: int, kind: SpanKind = SpanKind.CLIENT,
+              parent: Context | None = None) -> CallSpan:
+        """The span's context (sampler consulted, ids drawn) under ``parent`` (default: the
+        current context); nothing reaches the processors until it is emitted."""
+        current = trace.get_current_span(parent).get_span_context()
+        parent_context = current if current.is_valid else None
+        trace_id = parent_context.trace_id if parent_context is not None else self._ids.generate_trace_id()
+        result = self._tracer.sampler.should_sample(parent, trace_id, name, kind, attributes, ())
         flags = TraceFlags(TraceFlags.SAMPLED if result.decision.is_sampled() else TraceFlags.DEFAULT)
         context = SpanContext(trace_id, self._ids.generate_span_id(), False, flags, result.trace_state)
         if result.attributes:
             attributes = {**attributes, **result.attributes}
-        return CallSpan(context, parent, result.decision.is_recording(), name, attributes)
+        return CallSpan(context, parent_context, result.decision.is_recording(), name, attributes)
+
+    def child_context(self, parent: SpanContext) -> SpanContext:
+        return SpanContext(parent.trace_id, self._ids.generate_span_id(), False, parent.trace_flags,
+                           parent.trace_state)
+
+    def emit(self, name: str, context: SpanContext, parent: SpanContext | None, kind: SpanKind,
+             attributes: PhaseAttributes, start_time: int, end_time: int, status: Status) -> None:
+        """Hand one finished span to the tracer's processors."""
+        self._processor.on_end(self._readable(
+            name=name, context=context, parent=parent, resource=self._resource, attributes=attributes,
+            kind=kind, status=status, start_time=start_time, end_time=end_time, instrumentation_scope=self._scope,
+        ))
 
     def finish(self, call: LlmCall, span: CallSpan, error: str | None,
                phases: list[Phase], phase_attributes: list[PhaseAttributes]) -> None:
         if not span.recording:
             return
-        readable, context = self._readable, span.context
+        context = span.context
         for phase, attributes in zip(phases, phase_attributes):
-            child = SpanContext(context.trace_id, self._ids.generate_span_id(), False,
-                                context.trace_flags, context.trace_state)
-            self._processor.on_end(readable(
-                name=phase.name, context=child, parent=context, resource=self._resource,
-                attributes=attributes, kind=SpanKind.INTERNAL, status=_phase_status(phase, error),
-                start_time=call.to_epoch(phase.start_ns), end_time=call.to_epoch(phase.end_ns),
-                instrumentation_scope=self._scope,
-            ))
-        self._processor.on_end(readable(
-            name=span.name, context=context, parent=span.parent, resource=self._resource,
-            attributes=span.attributes, kind=SpanKind.CLIENT, status=_call_status(error),
-            start_time=call.epoch0, end_time=call.to_epoch(call.t_end),
-            instrumentation_scope=self._scope,
-        ))
+            self.emit(phase.name, self.child_context(context), context, SpanKind.INTERNAL, attributes,
+                      call.to_epoch(phase.start_ns), call.to_epoch(phase.end_ns), _phase_status(phase, error))
+        self.emit(span.name, context, span.parent, SpanKind.CLIENT, span.attributes, call.epoch0,
+                  call.to_epoch(call.t_end), _call_status(error))
 
 
 class ApiSpanSink:

@@ -3,6 +3,11 @@ children, request metrics, the ``Server-Timing`` header and one JSON access-log 
 
 The upstream call is not traced here: the core instrumentation traces it (phases, native
 counters) as a child of the SERVER span, which is the current span while it runs.
+
+With the SDK's own tracer the span tree is built by the core's ``SdkSpanSink``, as a call's is: at the start
+only the SERVER span's context (sampler consulted, ids drawn), at the end finished
+``ReadableSpan`` objects handed to the tracer's processors (which see ``on_end`` only). That
+skips the SDK's per-span bookkeeping, which the gateway pays per request in latency.
 """
 
 from __future__ import annotations
@@ -10,20 +15,23 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry import propagate, trace
 from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
-from opentelemetry.trace import SpanKind, Status, StatusCode, TracerProvider
+from opentelemetry.trace import NonRecordingSpan, SpanKind, Status, StatusCode, TracerProvider
 
 from otel_llm import semconv as sc
+from otel_llm.build.spans import CallSpan, SdkSpanSink, make_sink
 from otel_llm.parse.routes import match_route
 from otel_llm.version import __version__
 
 __all__ = ["Exchange", "GatewayTelemetry", "access_logger"]
 
 _perf_ns = time.perf_counter_ns
+_UNSET = Status(StatusCode.UNSET)
 _MAX_LOGGED = 256  # characters of client-chosen text (path, model) kept in logs and spans
 
 
@@ -104,6 +112,24 @@ def access_logger(target: str) -> logging.Logger | None:
     return logger
 
 
+class _PendingSpan(NonRecordingSpan):
+    """The SERVER span while the request runs: its context is the current one (the upstream
+    call's parent); the span itself is built when the request ends."""
+
+    def __init__(self, span: CallSpan) -> None:
+        super().__init__(span.context)
+        self.span = span
+
+
+def _children(exchange: Exchange) -> Iterator[tuple[str, int, int, dict[str, Any] | None]]:
+    """The SERVER span's children: (name, start, end, attributes), epoch nanoseconds."""
+    if exchange.auth is not None:
+        yield sc.SPAN_GATEWAY_AUTH, exchange.epoch(exchange.auth[0]), exchange.epoch(exchange.auth[1]), None
+    if exchange.queue is not None:
+        attrs = {sc.LLM_GATEWAY_QUEUE_DEPTH: exchange.queue_depth} if exchange.queue_depth is not None else None
+        yield sc.SPAN_GATEWAY_QUEUE, exchange.epoch(exchange.queue[0]), exchange.epoch(exchange.queue[1]), attrs
+
+
 def _clip(text: str | None) -> str | None:
     return text if text is None or len(text) <= _MAX_LOGGED else text[:_MAX_LOGGED] + "..."
 
@@ -114,6 +140,8 @@ class GatewayTelemetry:
     def __init__(self, tracer_provider: TracerProvider, meter_provider: MeterProvider,
                  access_log: logging.Logger | None = None, queue_depth: Any = None) -> None:
         self.tracer = tracer_provider.get_tracer(f"{sc.INSTRUMENTATION_NAME}.gateway", __version__)
+        sink = make_sink(self.tracer)
+        self._sdk = sink if isinstance(sink, SdkSpanSink) else None
         meter = meter_provider.get_meter(f"{sc.INSTRUMENTATION_NAME}.gateway", __version__)
         self.requests = meter.create_counter(
             sc.METRIC_GATEWAY_REQUESTS, unit="{request}", description="Requests by outcome")
@@ -154,6 +182,8 @@ class GatewayTelemetry:
         agent = headers.get("user-agent")
         if agent:
             attrs[sc.USER_AGENT_ORIGINAL] = _clip(agent)
+        if self._sdk is not None:
+            return _PendingSpan(self._sdk.start(name, attrs, exchange.epoch0, SpanKind.SERVER, parent))
         return self.tracer.start_span(name, context=parent, kind=SpanKind.SERVER, attributes=attrs,
                                       start_time=exchange.epoch0)
 
@@ -166,20 +196,33 @@ class GatewayTelemetry:
             self._record(exchange, span.get_span_context())
 
     def _end_spans(self, exchange: Exchange, span: trace.Span) -> None:
+        if isinstance(span, _PendingSpan):
+            self._end_tree(exchange, span)
+            return
         if span.is_recording():
             context = trace.set_span_in_context(span)
-            for name, window in ((sc.SPAN_GATEWAY_AUTH, exchange.auth), (sc.SPAN_GATEWAY_QUEUE, exchange.queue)):
-                if window is None:
-                    continue
-                attrs = {sc.LLM_GATEWAY_QUEUE_DEPTH: exchange.queue_depth} if (
-                    name == sc.SPAN_GATEWAY_QUEUE and exchange.queue_depth is not None) else None
-                child = self.tracer.start_span(name, context=context, start_time=exchange.epoch(window[0]),
-                                               attributes=attrs)
-                child.end(end_time=exchange.epoch(window[1]))
+            for name, start, end, attrs in _children(exchange):
+                child = self.tracer.start_span(name, context=context, start_time=start, attributes=attrs)
+                child.end(end_time=end)
             span.set_attributes(self._end_attributes(exchange))
             if exchange.status >= 500:
                 span.set_status(Status(StatusCode.ERROR, exchange.error or exchange.outcome))
         span.end(end_time=exchange.epoch(exchange.end))  # type: ignore[arg-type]
+
+    def _end_tree(self, exchange: Exchange, pending: _PendingSpan) -> None:
+        """The SDK path: the finished SERVER span and its children, straight to the processors."""
+        sdk, span = self._sdk, pending.span
+        if not span.recording or sdk is None:
+            return
+        context = span.context
+        for name, start, end, child_attrs in _children(exchange):
+            sdk.emit(name, sdk.child_context(context), context, SpanKind.INTERNAL, child_attrs, start, end, _UNSET)
+        attrs = {k: v for k, v in span.attributes.items() if v is not None}
+        attrs.update(self._end_attributes(exchange))
+        status = (Status(StatusCode.ERROR, exchange.error or exchange.outcome) if exchange.status >= 500
+                  else _UNSET)
+        sdk.emit(span.name, context, span.parent, SpanKind.SERVER, attrs, exchange.epoch0,
+                 exchange.epoch(exchange.end), status)  # type: ignore[arg-type]
 
     @staticmethod
     def _end_attributes(exchange: Exchange) -> dict[str, Any]:
