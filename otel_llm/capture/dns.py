@@ -50,7 +50,7 @@ async def async_pool_wait_wrapper(wrapped: Any, instance: Any, args: Any, kwargs
         call.on_pool_wait(start, perf_ns())
 
 
-def _is_ip(host: str) -> bool:
+def is_ip(host: str) -> bool:
     try:
         ipaddress.ip_address(host)
     except ValueError:
@@ -85,7 +85,7 @@ def sync_connect_wrapper(core: ModuleType) -> Callable[..., Any]:
         if call is None:
             return wrapped(*args, **kwargs)
         host, port, rest = _split(args, kwargs)
-        if _is_ip(host):
+        if is_ip(host):
             return wrapped(host, port, **rest)
         start = perf_ns()
         try:
@@ -117,7 +117,7 @@ def async_connect_wrapper(core: ModuleType) -> Callable[..., Any]:
         if call is None:
             return await wrapped(*args, **kwargs)
         host, port, rest = _split(args, kwargs)
-        if _is_ip(host):
+        if is_ip(host):
             return await wrapped(host, port, **rest)
         import anyio
 

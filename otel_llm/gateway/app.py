@@ -3,7 +3,8 @@
 Order of one request (any step may answer instead, and then nothing reaches the runtime)::
 
     SERVER span ─ gateway.auth (key, route) ─ body (size-capped) ─ model check ─ key limits
-      ─ gateway.queue (bounded, timed) ─ upstream call (traced by the core) ─ relay chunks
+      ─ gateway.queue (bounded, timed) ─ upstream call (``upstream.Upstream``, traced by the core)
+      ─ relay chunks
 
 A task watches for the client going away the whole time after the body is read: if it does,
 the request leaves the queue or the upstream request is closed, so an abandoned call does not
@@ -21,7 +22,7 @@ from typing import Any
 
 import httpx
 from opentelemetry import context as otel_context
-from opentelemetry import propagate, trace
+from opentelemetry import trace
 
 from otel_llm._log import log_once
 from otel_llm.gateway.auth import Denied, KeyStore, check_model, check_path, check_route, credentials
@@ -29,6 +30,7 @@ from otel_llm.gateway.config import GatewayConfig, KeyPolicy
 from otel_llm.gateway.limits import Admission, KeyLimits, Rejected
 from otel_llm.gateway.proxy import request_headers, response_headers
 from otel_llm.gateway.telemetry import Exchange, GatewayTelemetry
+from otel_llm.gateway.upstream import Response, Upstream
 
 __all__ = ["Gateway", "HEALTH_PATH"]
 
@@ -53,11 +55,8 @@ class Gateway:
         self.keys = KeyStore(config.keys)
         self.admission = Admission(config.max_concurrency, config.max_queue, config.max_queue_wait)
         self._limits = {p.key_id: KeyLimits(p.rate, p.burst, p.max_concurrency) for p in config.keys}
-        self._upstream = httpx.URL(config.upstream.rstrip("/"))
         self._upstream_key = upstream_key
-        self._client: httpx.AsyncHTTPTransport | None = None
-        self._timeout = {"connect": 10.0, "read": config.upstream_timeout, "write": config.upstream_timeout,
-                         "pool": config.upstream_timeout}
+        self._client: Upstream | None = None
 
     # -- ASGI ----------------------------------------------------------------------------------
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -84,18 +83,17 @@ class Gateway:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
-    def _new_client(self) -> httpx.AsyncHTTPTransport:
-        # The transport itself, not an AsyncClient: a relay needs none of the client's layers
-        # (redirects, auth, cookie jar, event hooks), which cost a few hundred microseconds of
-        # TTFB per request; the core's hook on the transport still traces every upstream call.
-        # Having no cookie jar also means a Set-Cookie answered to one caller can never ride
-        # along with the next caller's requests.
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=self.config.max_concurrency)
-        return httpx.AsyncHTTPTransport(limits=limits, trust_env=False, retries=0)
+    def _new_client(self) -> Upstream:
+        # Not httpx: its transport and httpcore's pool cost a few hundred microseconds of TTFB per
+        # request. Having no cookie jar also means a Set-Cookie answered to one caller can never
+        # ride along with the next caller's requests.
+        config = self.config
+        return Upstream(config.upstream.rstrip("/"), max_idle=config.max_concurrency, connect_timeout=10.0,
+                        read_timeout=config.upstream_timeout)
 
     async def aclose(self) -> None:
         if self._client is not None:
-            await self._client.aclose()
+            self._client.close()
             self._client = None
 
     # -- one request ---------------------------------------------------------------------------
@@ -192,15 +190,13 @@ class Gateway:
         assert self._client is not None, "the gateway's lifespan has not started"
         query = scope.get("query_string") or b""
         raw_path = scope.get("raw_path") or exchange.path.encode("ascii", "ignore")
-        url = self._upstream.copy_with(raw_path=raw_path + (b"?" + query if query else b""))
+        target = raw_path + b"?" + query if query else raw_path
         headers = request_headers(scope["headers"], exchange.client, scope.get("scheme", "http"), self._upstream_key)
-        request = httpx.Request(exchange.method, url, headers=headers, content=body,
-                                extensions={"timeout": self._timeout})
-        # Non-model routes are not traced by the core: still hand the caller's trace on.
-        propagate.inject(request.headers)
         exchange.upstream_start = _perf_ns()
         try:
-            response = await self._send_upstream(request)
+            # A kept-alive connection the runtime had just closed (llama-server does this) is
+            # retried once on a fresh one inside: nothing was answered.
+            response = await self._client.request(exchange.method, target, headers, body)
         except httpx.TimeoutException:
             raise Denied(504, "upstream_error", "the model server did not answer in time") from None
         except httpx.HTTPError as exc:
@@ -210,26 +206,17 @@ class Gateway:
         try:
             await self._stream_back(exchange, response, send)
         finally:
-            await response.aclose()
+            response.close()
 
-    async def _send_upstream(self, request: httpx.Request) -> httpx.Response:
-        assert self._client is not None
-        try:
-            return await self._client.handle_async_request(request)
-        except httpx.RemoteProtocolError:
-            # A kept-alive connection the runtime had just closed (llama-server does this):
-            # nothing was answered, so one retry on a fresh connection is safe.
-            return await self._client.handle_async_request(request)
-
-    async def _stream_back(self, exchange: Exchange, response: httpx.Response, send: Any) -> None:
+    async def _stream_back(self, exchange: Exchange, response: Response, send: Any) -> None:
         exchange.status = response.status_code
         if response.status_code >= 500:
             exchange.outcome = "upstream_error"
-        headers = response_headers(response.headers.raw, exchange.server_timing())
+        headers = response_headers(response.headers, exchange.server_timing())
         await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
         exchange.head_sent = _perf_ns()
         try:
-            async for chunk in response.aiter_raw():
+            async for chunk in response:
                 exchange.bytes_out += len(chunk)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except httpx.HTTPError as exc:
