@@ -60,7 +60,7 @@ def test_readme_gateway_commands_run(tmp_path: Path) -> None:
     assert key.startswith("olk_") and key not in (tmp_path / "keys.toml").read_text()
     with SimProcess(runtime="ollama", tokens=3) as sim:
         command = SERVE.replace("http://127.0.0.1:11434", sim.base_url).replace("127.0.0.1:8080", "127.0.0.1:0")
-        proc = subprocess.Popen(command, shell=True, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(f"exec {command}", shell=True, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
         try:
             match = re.search(r"listening on (http://\S+)", proc.stderr.readline())
             assert match
