@@ -30,9 +30,11 @@ _PHASE_KEYS = (sc.GEN_AI_PROVIDER_NAME, sc.GEN_AI_REQUEST_MODEL)
 _RUNTIME_KEYS = (sc.GEN_AI_OPERATION_NAME,) + _PHASE_KEYS
 _DIAGNOSIS_KEYS = _PHASE_KEYS + (sc.LLM_DIAGNOSIS_BOTTLENECK, sc.LLM_DIAGNOSIS_COLD_START,
                                  sc.LLM_DIAGNOSIS_STREAM_BUFFERED)
-# Most measurements are not made inside the call's span context: an empty context spares the
-# SDK a context lookup and an exemplar offer per record.
-_NO_CONTEXT = Context()
+# Most measurements are not made inside the call's span context: a context without a span spares
+# the SDK an exemplar offer per record. Not an empty one: the SDK takes ``context or
+# get_current()``, and an empty Context is falsy, so the application's current span (if any)
+# would get the exemplars.
+_NO_CONTEXT = Context({"otel_llm.no_span": True})
 # The SDK keeps the first registration of an instrument name per meter and ignores the callbacks
 # of later ones: after uninstrument()/instrument() on the same meter provider, the active-requests
 # observable must read the new session's in-flight table, so its callback reads it from a holder.
