@@ -41,6 +41,19 @@ def test_benchmark_script_runs_and_reports_ratios() -> None:
     assert "added CPU per call:" in result.stdout and "added CPU per streamed chunk:" in result.stdout
 
 
+def test_observers_benchmark_runs_with_a_real_llama_server() -> None:
+    """``python benchmarks/observers.py --llama``, shortened: warm costs, the runtime process
+    found by its port, and the threads in place, calling and idle."""
+    assert "python benchmarks/observers.py --llama" in (ROOT / "README.md").read_text()
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "observers.py"), "--llama", "--cycles", "5",
+                             "--ticks", "20", "--in-place", "1"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "'llama.cpp')]" in result.stdout, result.stdout  # found, with its pid
+    shares = re.findall(r"observer threads in place, application (calling every 0.5 s|idle): ([\d.]+) % of one core",
+                        result.stdout)
+    assert [kind for kind, _ in shares] == ["calling every 0.5 s", "idle"], result.stdout
+
+
 README = (ROOT / "README.md").read_text()
 KEYGEN = "otel-llm gateway keygen alice --routes '/v1/*' '/api/*' >> keys.toml"
 SERVE = "otel-llm gateway --upstream http://127.0.0.1:11434 --listen 127.0.0.1:8080 --keys keys.toml"
