@@ -226,3 +226,31 @@ def test_memory_pressure_during_a_call_shows_in_its_window() -> None:
     assert quiet and busy
     assert busy["llm.host.memory.utilization"] >= quiet["llm.host.memory.utilization"] + 0.05, (quiet, busy)
     assert 0.0 <= busy["llm.host.cpu.utilization"] <= 1.0
+
+
+# -- reading the host ---------------------------------------------------------------------------
+@pytest.mark.skipif(not LINUX, reason="/proc is Linux's")
+def test_proc_readings_match_psutil() -> None:
+    """The sampler reads /proc itself (cheaper once a second); it must agree with psutil."""
+    import psutil
+
+    from otel_llm.observers import sampler as module
+
+    busy, total = module._proc_cpu_fields()  # type: ignore[misc]
+    times = psutil.cpu_times()
+    psutil_total = sum(times) - times.guest - times.guest_nice
+    assert abs(busy / total - (psutil_total - times.idle - times.iowait) / psutil_total) < 1e-3
+    memory = psutil.virtual_memory()
+    assert abs(module._memory_utilization() - (memory.total - memory.available) / memory.total) < 0.01
+
+
+def test_without_proc_the_sampler_falls_back_to_psutil(monkeypatch: pytest.MonkeyPatch) -> None:
+    from otel_llm.observers import sampler as module
+
+    monkeypatch.setattr(module, "_PROC_STAT", "/nonexistent/stat")
+    monkeypatch.setattr(module, "_PROC_MEMINFO", "/nonexistent/meminfo")
+    sampler = HostSampler(interval=1.0)
+    time.sleep(0.05)
+    sample = sampler.sample_now()
+    assert sample.cpu is not None and 0.0 <= sample.cpu <= 1.0
+    assert sample.memory is not None and 0.0 < sample.memory < 1.0
