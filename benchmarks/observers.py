@@ -13,8 +13,8 @@ The share of one core assumes the defaults: a sampler tick every second and one 
 
 Those are warm costs, measured back to back. In place, each background thread wakes from a
 sleep, and on a virtual machine work done after a second of idle CPU can cost ten times its warm
-CPU time. So the observers' threads (host sampler, runtime-state poller with a simulated llama.cpp
-server registered) also run in place for ``--in-place`` seconds twice: while the application
+CPU time. So the observers' threads (host sampler; runtime-state poller reading the real
+llama-server's ``/metrics`` with ``--llama``, else the simulator's Ollama ``/api/ps``) also run in place for ``--in-place`` seconds twice: while the application
 calls a model every 0.5 s, then after it went idle (``idle_after`` shortened to 2 s here); their
 CPU is read per thread from the kernel.
 
@@ -131,15 +131,30 @@ def observer_threads_cpu() -> float:
     return sum(t.user_time + t.system_time for t in psutil.Process().threads() if t.id in ids)
 
 
-def in_place(seconds: float) -> None:
+@contextlib.contextmanager
+def model_server(llama: bool) -> Iterator[tuple[int, str]]:
+    """A server whose state the runtime poller really reads every second: the real llama-server
+    (``/metrics``) with ``--llama``, else the simulator speaking Ollama (``/api/ps``)."""
+    if llama:
+        from otel_llm.testing import LlamaServer
+
+        with LlamaServer() as server:
+            yield server.port, "llama.cpp"
+    else:
+        from otel_llm.sim import SimProcess
+
+        with SimProcess(runtime="ollama") as sim:
+            yield sim.port, "ollama"
+
+
+def in_place(seconds: float, llama: bool) -> None:
     from otel_llm.observers.manager import Observers
-    from otel_llm.sim import SimProcess
 
     idle_after = 2.0
-    with SimProcess(runtime="llama.cpp") as sim:
+    with model_server(llama) as (port, runtime):
         provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
         observers = Observers(provider, idle_after=idle_after)
-        observers.registry.note("127.0.0.1", sim.port, "llama.cpp")
+        observers.registry.note("127.0.0.1", port, runtime)
         try:
             shares = []
             for calling in (True, False):
@@ -151,9 +166,12 @@ def in_place(seconds: float) -> None:
                         observers.activity.touch()  # what a model call does for the observers
                     time.sleep(0.5)
                 shares.append((observer_threads_cpu() - before) / (time.monotonic() - started) * 100)
+            polled = observers.runtime_state is not None and bool(
+                observers.runtime_state.latest_state("127.0.0.1", port))
         finally:
             observers.stop()
             provider.shutdown()
+    print(f"runtime state polled in place: {runtime} {'answered' if polled else 'did not answer'}")
     print(f"observer threads in place, application calling every 0.5 s: {shares[0]:.3f} % of one core")
     print(f"observer threads in place, application idle: {shares[1]:.3f} % of one core")
 
@@ -168,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     run(args.cycles, args.ticks, args.llama)
     if args.in_place > 0:
-        in_place(args.in_place)
+        in_place(args.in_place, args.llama)
     return 0
 
 

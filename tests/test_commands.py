@@ -49,6 +49,7 @@ def test_observers_benchmark_runs_with_a_real_llama_server() -> None:
                              "--ticks", "20", "--in-place", "1"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "'llama.cpp')]" in result.stdout, result.stdout  # found, with its pid
+    assert "runtime state polled in place: llama.cpp answered" in result.stdout, result.stdout
     shares = re.findall(r"observer threads in place, application (calling every 0.5 s|idle): ([\d.]+) % of one core",
                         result.stdout)
     assert [kind for kind, _ in shares] == ["calling every 0.5 s", "idle"], result.stdout

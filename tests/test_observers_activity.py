@@ -97,3 +97,31 @@ def test_runtime_poller_slows_while_idle_and_polls_at_the_next_call(fake: FakeRu
         assert _wait_for(lambda: fake.hits["/metrics"] >= resting + 3, timeout=1.5)  # awake, fast again
     finally:
         observer.stop()
+
+
+def test_runtime_poller_sleeps_while_every_endpoint_is_backed_off(fake: FakeRuntime) -> None:  # noqa: F811
+    """A server without /metrics is re-checked every ABSENT_RETRY seconds: the poller has nothing
+    to do meanwhile and does not wake every interval; a newly noted server wakes it."""
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    registry = ServerRegistry()
+    registry.note(LOOPBACK, fake.port, "tgi")  # the fake answers 404 for /metrics
+    observer = RuntimeStateObserver(MeterProvider().get_meter("t"), registry, interval=0.05)
+    polls = [0]
+    poll_once = observer.poll_once
+
+    def counted() -> None:
+        polls[0] += 1
+        poll_once()
+
+    observer.poll_once = counted  # type: ignore[method-assign]
+    observer.start()
+    try:
+        assert _wait_for(lambda: fake.hits.get("/metrics", 0) == 1)
+        time.sleep(0.5)
+        assert polls[0] <= 2 and fake.hits["/metrics"] == 1  # not ten polls of nothing
+        registry.note("localhost", fake.port, "tgi")  # another server: due now
+        assert _wait_for(lambda: fake.hits["/metrics"] == 2, timeout=2.0)
+    finally:
+        observer.stop()
+    assert observer._thread is None

@@ -31,6 +31,7 @@ class ServerRegistry:
         self._servers: dict[tuple[str, int], str | None] = {}
         self._schemes: dict[tuple[str, int], str] = {}
         self._lock = threading.Lock()
+        self.changed = threading.Event()  # set when a server is added or its runtime learned
 
     def note(self, host: str, port: int, runtime: str | None, scheme: str = "http") -> None:
         key = (host, port)
@@ -41,6 +42,7 @@ class ServerRegistry:
             if runtime is not None or key not in self._servers:
                 self._servers[key] = runtime
                 self._schemes[key] = scheme
+                self.changed.set()
 
     def servers(self) -> list[Server]:
         with self._lock:

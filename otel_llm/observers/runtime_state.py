@@ -167,6 +167,7 @@ class RuntimeStateObserver:
     def stop(self, timeout: float = 3.0) -> None:
         """Stop polling (waits up to ``timeout`` s for a poll in progress)."""
         self._stop.set()
+        self._registry.changed.set()
         if self.activity is not None:
             self.activity.wake()
         thread, self._thread = self._thread, None
@@ -179,13 +180,33 @@ class RuntimeStateObserver:
                 logger.debug("otel_llm: closing the runtime-state client failed", exc_info=True)
 
     def _run(self) -> None:
+        changed = self._registry.changed
         while not self._stop.is_set():
+            changed.clear()
             self.poll_once()
+            # no wake-up while every endpoint is backed off; a newly noted server ends the wait
+            wait = max(self.interval, min(self._next_due(), ABSENT_RETRY))
             if self.activity is not None and self.activity.idle():
                 # the gauges stay fresh enough for a dashboard; the next call wakes the poller
-                self.activity.rest(max(self.interval, IDLE_INTERVAL))
+                self.activity.rest(max(wait, IDLE_INTERVAL))
             else:
-                self._stop.wait(self.interval)
+                changed.wait(wait)
+
+    def _next_due(self) -> float:
+        """Seconds until an endpoint of a registered server is due for a poll (0: now)."""
+        now = self._clock()
+        soonest = math.inf
+        for server in self._registry.servers():
+            if not _may_probe(server):
+                continue
+            state = self._states.get((server.host, server.port))
+            if state is None:
+                return 0.0
+            for path in _PATHS.get(server.runtime, (PATH_PS, PATH_METRICS)):
+                soonest = min(soonest, state.retry_at.get(path, 0.0) - now)
+                if soonest <= 0:
+                    return 0.0
+        return soonest
 
     # -- polling --------------------------------------------------------------------------------
     def poll_once(self) -> None:
