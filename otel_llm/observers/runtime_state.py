@@ -189,8 +189,10 @@ class RuntimeStateObserver:
             if self.activity is not None and self.activity.idle():
                 # the gauges stay fresh enough for a dashboard; the next call wakes the poller
                 self.activity.rest(max(wait, IDLE_INTERVAL))
-            else:
-                changed.wait(wait)
+            elif changed.wait(wait) and not self._stop.is_set():
+                # a newly noted server: polled one interval after its first call, as when the
+                # poller woke every interval (not in the middle of the application's first call)
+                self._stop.wait(self.interval)
 
     def _next_due(self) -> float:
         """Seconds until an endpoint of a registered server is due for a poll (0: now)."""
