@@ -57,6 +57,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from otel_llm._process import run_install_step  # noqa: E402
 from otel_llm.sim import SimProcess  # noqa: E402
 from otel_llm.testing.llamacpp import DEFAULT_CACHE  # noqa: E402
 
@@ -179,7 +180,8 @@ def _install(peer: Peer, venv: Path, wanted: dict[str, list[str]]) -> dict[str, 
     ]
     with open(log_path, "w") as log:
         for step in steps:
-            _run_step(step, env, log, log_path, started, peer)
+            run_install_step(step, env, log, log_path, f"peers: {peer.name} install", started,
+                             lambda why: RuntimeError(f"installing {peer.requirement} {why}"))
         check = subprocess.run([python, "-m", "pip", "check"], capture_output=True, text=True, env=env)
         conflicts = [line for line in check.stdout.splitlines() if line.strip() and "No broken" not in line]
         log.write("$ pip check\n" + check.stdout)
@@ -197,29 +199,6 @@ def _install(peer: Peer, venv: Path, wanted: dict[str, list[str]]) -> dict[str, 
     for line in conflicts:
         print(f"peers:   pip check: {line}", file=sys.stderr, flush=True)
     return record
-
-
-def _run_step(step: list[str], env: dict[str, str], log: Any, log_path: Path, started: float, peer: Peer) -> None:
-    log.write(f"$ {' '.join(step)}\n")
-    log.flush()
-    proc = subprocess.Popen(step, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            text=True, env=env)
-    assert proc.stdout is not None
-    collected = 0
-    for line in proc.stdout:
-        log.write(line)
-        if line.startswith("Collecting "):
-            collected += 1
-            if collected % 20 == 1:
-                print(f"peers: {peer.name} install ({time.monotonic() - started:.0f} s, {collected} packages "
-                      f"resolved): {line.strip()[:90]}", file=sys.stderr, flush=True)
-        elif line.startswith("Installing collected"):
-            print(f"peers: {peer.name} install ({time.monotonic() - started:.0f} s): installing "
-                  f"{len(line.split(':', 1)[-1].split(','))} packages", file=sys.stderr, flush=True)
-    if proc.wait() != 0:
-        log.flush()
-        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-30:])
-        raise RuntimeError(f"installing {peer.requirement} failed at `{' '.join(step)}` (log: {log_path}):\n{tail}")
 
 
 # -- running the workers -------------------------------------------------------------------------

@@ -5,8 +5,10 @@ from __future__ import annotations
 import subprocess
 import threading
 import time
+import sys
 from collections.abc import Callable, MutableSequence
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 
 def terminate(proc: subprocess.Popen[Any], grace: float) -> None:
@@ -50,3 +52,30 @@ def wait_until_ok(url: str, proc: subprocess.Popen[Any], timeout: float, interva
             pass
         time.sleep(interval)
     raise fail(f"not ready after {timeout:.0f} s")
+
+
+def run_install_step(step: list[str], env: dict[str, str], log: IO[str], log_path: Path, label: str,
+                     started: float, fail: Callable[[str], Exception], tail_lines: int = 30) -> None:
+    """Run one step of a virtualenv install (``venv``, ``pip install``...): its output goes to
+    ``log``, a progress line to stderr now and then (``label``: who installs what), and on
+    failure ``fail(message)`` is raised with the log's last ``tail_lines`` lines."""
+    log.write(f"$ {' '.join(step)}\n")
+    log.flush()
+    proc = subprocess.Popen(step, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            text=True, env=env)
+    assert proc.stdout is not None
+    collected = 0
+    for line in proc.stdout:
+        log.write(line)
+        if line.startswith("Collecting "):
+            collected += 1
+            if collected % 20 == 1:
+                print(f"{label} ({time.monotonic() - started:.0f} s, {collected} packages resolved): "
+                      f"{line.strip()[:90]}", file=sys.stderr, flush=True)
+        elif line.startswith("Installing collected"):
+            print(f"{label} ({time.monotonic() - started:.0f} s): installing "
+                  f"{len(line.split(':', 1)[-1].split(','))} packages", file=sys.stderr, flush=True)
+    if proc.wait() != 0:
+        log.flush()
+        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-tail_lines:])
+        raise fail(f"failed at `{' '.join(step)}` (log: {log_path}):\n{tail}")

@@ -43,7 +43,7 @@ from typing import Any
 
 import httpx
 
-from otel_llm._process import start_logged, terminate, wait_until_ok
+from otel_llm._process import run_install_step, start_logged, terminate, wait_until_ok
 from otel_llm.testing.llamacpp import DEFAULT_CACHE, free_port
 
 __all__ = ["PHOENIX_VERSION", "PhoenixError", "PhoenixServer", "phoenix_executable"]
@@ -102,23 +102,8 @@ def _install(venv: Path) -> None:
     ]
     with open(log_path, "w") as log:
         for step in steps:
-            log.write(f"$ {' '.join(step)}\n")
-            log.flush()
-            proc = subprocess.Popen(step, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    text=True, env=env)
-            assert proc.stdout is not None
-            collected = 0
-            for line in proc.stdout:
-                log.write(line)
-                collected += line.startswith("Collecting ")
-                if line.startswith("Collecting ") and collected % 25 == 1 or line.startswith("Installing collected"):
-                    print(f"otel-llm: phoenix install ({time.monotonic() - started:.0f} s, {collected} packages "
-                          f"resolved): {line.strip()[:100]}", file=sys.stderr, flush=True)
-            if proc.wait() != 0:
-                log.flush()
-                tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-40:])
-                raise PhoenixError(f"installing {PHOENIX_PACKAGE} failed at `{' '.join(step)}` "
-                                   f"(full log: {log_path}):\n{tail}")
+            run_install_step(step, env, log, log_path, "otel-llm: phoenix install", started,
+                             lambda why: PhoenixError(f"installing {PHOENIX_PACKAGE} {why}"), tail_lines=40)
     (venv / _MARKER).write_text(PHOENIX_PACKAGE + "\n")
     print(f"otel-llm: {PHOENIX_PACKAGE} installed in {time.monotonic() - started:.0f} s", file=sys.stderr,
           flush=True)
