@@ -381,3 +381,75 @@ def walk_strings(value: Any) -> Iterator[str]:
             yield from walk_strings(item)
     elif value is not None:
         yield str(value)
+
+
+@dataclass
+class Plan:
+    status: int
+    headers: list[tuple[str, str]]
+    chunks: list[bytes]
+    chunked: bool = True
+    repeat: int = 1  # send the chunks this many times (an endless stream without storing it)
+
+
+class PlanServer:
+    """Answers each POST with the next queued Plan, each chunk flushed on its own (raw socket,
+    so any bytes and framing can be sent); anything else (an observer probing ``/metrics``) gets 404."""
+
+    def __init__(self) -> None:
+        self.plans: list[Plan] = []
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, name="plan-server", daemon=True).start()
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    def _handle(self, conn: socket.socket) -> None:
+        with conn:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            data = b""
+            while b"\r\n\r\n" not in data:
+                more = conn.recv(65536)
+                if not more:
+                    return
+                data += more
+            head, _, body = data.partition(b"\r\n\r\n")
+            if not head.startswith(b"POST"):
+                conn.sendall(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                return
+            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length")), 0)
+            while len(body) < length:
+                body += conn.recv(65536)
+            plan = self.plans.pop(0)
+            lines = [f"HTTP/1.1 {plan.status} X", "connection: close", *(f"{k}: {v}" for k, v in plan.headers)]
+            total = sum(map(len, plan.chunks)) * plan.repeat
+            lines.append("transfer-encoding: chunked" if plan.chunked else f"content-length: {total}")
+            try:
+                conn.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+                for _ in range(plan.repeat):
+                    for chunk in plan.chunks:
+                        if not chunk:
+                            continue
+                        if plan.chunked:
+                            conn.sendall(b"%x\r\n" % len(chunk))
+                            conn.sendall(chunk)
+                            conn.sendall(b"\r\n")
+                        else:
+                            conn.sendall(chunk)
+                if plan.chunked:
+                    conn.sendall(b"0\r\n\r\n")
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self.sock.close()
