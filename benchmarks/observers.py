@@ -79,38 +79,27 @@ def optional_observers(meter: Any, registry: ServerRegistry) -> tuple[list[str],
     return included, started
 
 
-@contextlib.contextmanager
-def maybe_llama(enabled: bool, registry: ServerRegistry) -> Iterator[None]:
-    if not enabled:
-        yield
-        return
-    from otel_llm.testing import LlamaServer
-
-    with LlamaServer() as server:
-        registry.note("127.0.0.1", server.port, "llama.cpp")
-        yield
-
-
-def run(cycles: int, ticks: int, llama: bool) -> None:
+def run(cycles: int, ticks: int, llama_port: int | None) -> None:
     registry = ServerRegistry()
-    with maybe_llama(llama, registry):
-        reader = InMemoryMetricReader()
-        provider = MeterProvider(metric_readers=[reader])
-        meter = provider.get_meter("otel_llm")
-        processes = RuntimeProcesses(registry)
-        HostObserver(meter, processes)
-        included, started = optional_observers(meter, registry)
-        try:
-            reader.get_metrics_data()  # first cycle: discovery, instrument setup
-            found = [(proc.pid, runtime) for proc, runtime in processes.processes()]
-            cycle = median_cpu(reader.get_metrics_data, cycles)
-            discovery = median_cpu(processes.refresh, max(10, cycles // 10))
-        finally:
-            for observer in started:
-                stop = getattr(observer, "stop", None) or getattr(observer, "shutdown", None)
-                if stop is not None:
-                    stop()
-            provider.shutdown()
+    if llama_port is not None:
+        registry.note("127.0.0.1", llama_port, "llama.cpp")
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    meter = provider.get_meter("otel_llm")
+    processes = RuntimeProcesses(registry)
+    HostObserver(meter, processes)
+    included, started = optional_observers(meter, registry)
+    try:
+        reader.get_metrics_data()  # first cycle: discovery, instrument setup
+        found = [(proc.pid, runtime) for proc, runtime in processes.processes()]
+        cycle = median_cpu(reader.get_metrics_data, cycles)
+        discovery = median_cpu(processes.refresh, max(10, cycles // 10))
+    finally:
+        for observer in started:
+            stop = getattr(observer, "stop", None) or getattr(observer, "shutdown", None)
+            if stop is not None:
+                stop()
+        provider.shutdown()
     sampler = HostSampler(interval=SAMPLER_INTERVAL)
     tick = median_cpu(sampler.sample_now, ticks)
     cycle_discovery = cycle + discovery
@@ -147,30 +136,29 @@ def model_server(llama: bool) -> Iterator[tuple[int, str]]:
             yield sim.port, "ollama"
 
 
-def in_place(seconds: float, llama: bool) -> None:
+def in_place(seconds: float, port: int, runtime: str) -> None:
     from otel_llm.observers.manager import Observers
 
     idle_after = 2.0
-    with model_server(llama) as (port, runtime):
-        provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
-        observers = Observers(provider, idle_after=idle_after)
-        observers.registry.note("127.0.0.1", port, runtime)
-        try:
-            shares = []
-            for calling in (True, False):
-                if not calling:
-                    time.sleep(idle_after + 1.0)
-                before, started = observer_threads_cpu(), time.monotonic()
-                while time.monotonic() - started < seconds:
-                    if calling:
-                        observers.activity.touch()  # what a model call does for the observers
-                    time.sleep(0.5)
-                shares.append((observer_threads_cpu() - before) / (time.monotonic() - started) * 100)
-            polled = observers.runtime_state is not None and bool(
-                observers.runtime_state.latest_state("127.0.0.1", port))
-        finally:
-            observers.stop()
-            provider.shutdown()
+    provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    observers = Observers(provider, idle_after=idle_after)
+    observers.registry.note("127.0.0.1", port, runtime)
+    try:
+        shares = []
+        for calling in (True, False):
+            if not calling:
+                time.sleep(idle_after + 1.0)
+            before, started = observer_threads_cpu(), time.monotonic()
+            while time.monotonic() - started < seconds:
+                if calling:
+                    observers.activity.touch()  # what a model call does for the observers
+                time.sleep(0.5)
+            shares.append((observer_threads_cpu() - before) / (time.monotonic() - started) * 100)
+        polled = observers.runtime_state is not None and bool(
+            observers.runtime_state.latest_state("127.0.0.1", port))
+    finally:
+        observers.stop()
+        provider.shutdown()
     print(f"runtime state polled in place: {runtime} {'answered' if polled else 'did not answer'}")
     print(f"observer threads in place, application calling every 0.5 s: {shares[0]:.3f} % of one core")
     print(f"observer threads in place, application idle: {shares[1]:.3f} % of one core")
@@ -184,9 +172,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--in-place", type=float, default=10.0, metavar="SECONDS",
                         help="seconds of each in-place measurement (0: skip)")
     args = parser.parse_args(argv)
-    run(args.cycles, args.ticks, args.llama)
-    if args.in_place > 0:
-        in_place(args.in_place, args.llama)
+    with model_server(args.llama) as (port, runtime):  # one server for both measurements
+        run(args.cycles, args.ticks, port if args.llama else None)
+        if args.in_place > 0:
+            in_place(args.in_place, port, runtime)
     return 0
 
 
