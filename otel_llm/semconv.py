@@ -37,6 +37,7 @@ URL_FULL = "url.full"
 HTTP_REQUEST_METHOD = "http.request.method"
 HTTP_RESPONSE_STATUS_CODE = "http.response.status_code"
 ERROR_TYPE = "error.type"
+OTEL_METRIC_OVERFLOW = "otel.metric.overflow"  # the attribute set past a metric's cardinality limit
 NETWORK_PEER_ADDRESS = "network.peer.address"
 NETWORK_PEER_PORT = "network.peer.port"
 NETWORK_PROTOCOL_VERSION = "network.protocol.version"

@@ -222,3 +222,47 @@ def test_bottleneck_categories() -> None:
     assert bottleneck(big_body, None, None, False, None, 0) == "download"
     counters = RuntimeCounters(prompt_eval_duration=0.6, generation_duration=0.2, load_duration=0.05)
     assert bottleneck(_phases(upload=1, wait=900, download=1), 0.05, counters, False, None, 0) == "prefill"
+
+
+def _diagnosis_counts(otel: Otel) -> dict[tuple[Any, ...], int]:
+    return {(p.attributes.get(sc.LLM_DIAGNOSIS_BOTTLENECK), p.attributes.get(sc.LLM_DIAGNOSIS_COLD_START)): p.value
+            for p in otel.metrics()[sc.METRIC_DIAGNOSIS_CALLS]}
+
+
+def test_diagnosis_counter_counts_calls_by_verdict_across_sessions(sim) -> None:
+    """The counter is cumulative and exact: every call counted once under its own verdicts, and a
+    new instrument() session on the same meter provider goes on from the previous counts."""
+    configure_sim(sim, runtime="ollama", cold_delay=0.3, first_token_delay=0.0, token_interval=0.0, tokens=2)
+    state = make_otel()
+    url = f"{sim.base_url}/api/chat"
+    for _ in range(2):
+        otel_llm.instrument(tracer_provider=state.tracer_provider, meter_provider=state.meter_provider,
+                            host_metrics=False, gpu_metrics=False, runtime_metrics=False)
+        try:
+            _stream(url)
+            _stream(url)
+        finally:
+            otel_llm.uninstrument()
+    verdicts = [(c.attributes.get(sc.LLM_DIAGNOSIS_BOTTLENECK, "none"), c.attributes.get(sc.LLM_DIAGNOSIS_COLD_START))
+                for c in state.calls()]
+    expected: dict[tuple[Any, ...], int] = {}
+    for verdict in verdicts:
+        expected[verdict] = expected.get(verdict, 0) + 1
+    assert ("load", True) in expected  # the first call of the simulator loads the model
+    assert _diagnosis_counts(state) == expected
+    assert sum(expected.values()) == 4
+    points = state.metrics()[sc.METRIC_DIAGNOSIS_CALLS]
+    assert all(p.attributes[sc.GEN_AI_PROVIDER_NAME] == "ollama" for p in points)
+
+
+def test_diagnosis_tally_is_bounded() -> None:
+    from otel_llm.build import metrics
+
+    tally = metrics._Tally()
+    for index in range(metrics._TALLY_LIMIT + 50):
+        tally.add(((sc.GEN_AI_REQUEST_MODEL, f"model-{index}"),))
+    tally.add(((sc.GEN_AI_REQUEST_MODEL, "model-0"),))  # a set already kept is still counted as itself
+    observed = {tuple(o.attributes.items()): o.value for o in tally.observe()}
+    assert len(observed) == metrics._TALLY_LIMIT + 1
+    assert observed[((sc.OTEL_METRIC_OVERFLOW, True),)] == 50
+    assert observed[((sc.GEN_AI_REQUEST_MODEL, "model-0"),)] == 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -30,15 +31,52 @@ _PHASE_KEYS = (sc.GEN_AI_PROVIDER_NAME, sc.GEN_AI_REQUEST_MODEL)
 _RUNTIME_KEYS = (sc.GEN_AI_OPERATION_NAME,) + _PHASE_KEYS
 _DIAGNOSIS_KEYS = _PHASE_KEYS + (sc.LLM_DIAGNOSIS_BOTTLENECK, sc.LLM_DIAGNOSIS_COLD_START,
                                  sc.LLM_DIAGNOSIS_STREAM_BUFFERED)
+_DIAGNOSIS_DEFAULTS = tuple((key, "none" if key == sc.LLM_DIAGNOSIS_BOTTLENECK else None) for key in _DIAGNOSIS_KEYS)
 # Most measurements are not made inside the call's span context: a context without a span spares
 # the SDK an exemplar offer per record. Not an empty one: the SDK takes ``context or
 # get_current()``, and an empty Context is falsy, so the application's current span (if any)
 # would get the exemplars.
 _NO_CONTEXT = Context({"otel_llm.no_span": True})
-# The SDK keeps the first registration of an instrument name per meter and ignores the callbacks
-# of later ones: after uninstrument()/instrument() on the same meter provider, the active-requests
-# observable must read the new session's in-flight table, so its callback reads it from a holder.
-_IN_FLIGHT: weakref.WeakKeyDictionary[Any, list[InFlight]] = weakref.WeakKeyDictionary()
+# Distinct attribute sets the diagnosis tally keeps before folding new ones into an overflow set,
+# as the SDK does past its own cardinality limit.
+_TALLY_LIMIT = 2000
+_OVERFLOW = ((sc.OTEL_METRIC_OVERFLOW, True),)
+
+
+class _Tally:
+    """Calls counted by attribute set and reported by an observable counter at collection time:
+    one dict increment per call instead of an SDK measurement (about 10 us of a call's CPU here).
+    The counts are cumulative and never reset, as a monotonic counter's must be."""
+
+    def __init__(self) -> None:
+        self._counts: dict[tuple[tuple[str, Any], ...], int] = {}
+        self._lock = threading.Lock()
+
+    def add(self, key: tuple[tuple[str, Any], ...]) -> None:
+        with self._lock:
+            counts = self._counts
+            if key not in counts and len(counts) >= _TALLY_LIMIT:
+                key = _OVERFLOW
+            counts[key] = counts.get(key, 0) + 1
+
+    def observe(self) -> list[Observation]:
+        with self._lock:
+            items = list(self._counts.items())
+        return [Observation(count, dict(key)) for key, count in items]
+
+
+class _Shared:
+    """What the observable instruments of one meter read. The SDK keeps the first registration of
+    an instrument name per meter and ignores the callbacks of later ones: after uninstrument() /
+    instrument() on the same meter provider, the active-requests callback must read the new
+    session's in-flight table, and the diagnosis counts must go on from where they were."""
+
+    def __init__(self, in_flight: InFlight) -> None:
+        self.in_flight = in_flight
+        self.diagnosed = _Tally()
+
+
+_SHARED: weakref.WeakKeyDictionary[Any, _Shared] = weakref.WeakKeyDictionary()
 
 
 class CallMetrics:
@@ -72,35 +110,38 @@ class CallMetrics:
                                      "Prompt evaluation rate reported by the runtime.", sc.RATE_BUCKETS)
         self.generation_rate = histogram(sc.METRIC_RUNTIME_GENERATION_RATE, "{token}/s",
                                          "Generation rate reported by the runtime.", sc.RATE_BUCKETS)
-        self.diagnosed = meter.create_counter(
-            sc.METRIC_DIAGNOSIS_CALLS, unit="{call}",
-            description="Model calls by diagnosis: bottleneck, cold start, buffered stream.")
         self.unaccounted = histogram(sc.METRIC_DIAGNOSIS_UNACCOUNTED_WAIT, "s",
                                      "Wait before the first token that the runtime's own counters do not explain.",
                                      sc.PHASE_BUCKETS)
-        # Observed at collection time from the in-flight table: no cost per call.
+        # Observed at collection time from the in-flight table and the diagnosis tally.
         try:
-            holder = _IN_FLIGHT.get(meter)
+            shared = _SHARED.get(meter)
         except TypeError:  # a meter that cannot be weakly referenced
-            holder = None
-        if holder is not None:
-            holder[0] = in_flight
+            shared = None
+        if shared is not None:
+            shared.in_flight = in_flight
+            self.diagnosed = shared.diagnosed
             return
-        holder = [in_flight]
+        shared = _Shared(in_flight)
+        self.diagnosed = shared.diagnosed
         try:
-            _IN_FLIGHT[meter] = holder
+            _SHARED[meter] = shared
         except TypeError:
             pass
         meter.create_observable_up_down_counter(
-            sc.METRIC_ACTIVE_REQUESTS, callbacks=[lambda options: _active(holder[0])], unit="{request}",
+            sc.METRIC_ACTIVE_REQUESTS, callbacks=[lambda options: _active(shared.in_flight)], unit="{request}",
             description="Model calls in flight, by server.",
+        )
+        meter.create_observable_counter(
+            sc.METRIC_DIAGNOSIS_CALLS, callbacks=[lambda options: shared.diagnosed.observe()], unit="{call}",
+            description="Model calls by diagnosis: bottleneck, cold start, buffered stream.",
         )
 
     def _record_diagnosis(self, span_attrs: dict[str, Any], phase_attrs: dict[str, Any]) -> None:
         """Count the call under its per-call verdicts, so dashboards can chart them exactly."""
-        attrs = {k: span_attrs[k] for k in _DIAGNOSIS_KEYS if k in span_attrs}
-        attrs.setdefault(sc.LLM_DIAGNOSIS_BOTTLENECK, "none")
-        self.diagnosed.add(1, attrs, _NO_CONTEXT)
+        get = span_attrs.get
+        pairs = ((key, get(key, default)) for key, default in _DIAGNOSIS_DEFAULTS)
+        self.diagnosed.add(tuple((key, value) for key, value in pairs if value is not None))
         unaccounted = span_attrs.get(sc.LLM_DIAGNOSIS_UNACCOUNTED_WAIT)
         if unaccounted is not None:
             self.unaccounted.record(unaccounted, phase_attrs, _NO_CONTEXT)
