@@ -140,3 +140,43 @@ def test_stream_text_joins_deltas_per_api() -> None:
     ollama_lines = b"".join(json.dumps({"response": t, "done": False}).encode() + b"\n" for t in ("x", "y"))
     assert stream_text(routes.API_OLLAMA_GENERATE, ollama_lines, ndjson=True) == "xy"
     assert stream_text(routes.API_OPENAI_CHAT, b"data: {broken\n\n", ndjson=False) is None
+
+
+# The token regexes as plain alternations, the readable reference for the trie forms in formats.
+_REFERENCE = {
+    routes.API_OPENAI_CHAT: rb'"(?:content|reasoning_content|reasoning|refusal)": ?"[^"]|"tool_calls": ?\[\{',
+    routes.API_OLLAMA_CHAT: rb'"(?:content|thinking)": ?"[^"]|"tool_calls": ?\[\{',
+    routes.API_GENERIC: (rb'"(?:content|reasoning_content|reasoning|refusal)": ?"[^"]|"tool_calls": ?\[\{'
+                         rb'|"(?:text|response)": ?"[^"]'),
+}
+_KEYS = ["content", "reasoning_content", "reasoning", "refusal", "tool_calls", "thinking", "text", "response",
+         "re", "reasoning_", "contents", "tool_call", "role", "t"]
+_VALUES = ['"x"', '""', '"', '[{', '[]', '[', 'null', '"\\"', '{"a":1}']
+
+
+@settings(max_examples=400, deadline=None)
+@given(parts=st.lists(st.one_of(
+    st.tuples(st.sampled_from(_KEYS), st.sampled_from([":", ": ", ":  "]), st.sampled_from(_VALUES)).map(
+        lambda kv: f'"{kv[0]}"{kv[1]}{kv[2]}'.encode()),
+    st.binary(max_size=8), st.sampled_from([b'"', b",", b"{", b"}", b"\n\n"]),
+), max_size=30))
+def test_trie_regexes_match_exactly_what_the_plain_alternations_match(parts: list[bytes]) -> None:
+    import re
+
+    data = b"".join(parts)
+    for api, reference in _REFERENCE.items():
+        fast = stream_format(api, "text/event-stream").token
+        expected = [m.span() for m in re.finditer(reference, data)]
+        assert [m.span() for m in fast.finditer(data)] == expected, (api, data)
+
+
+def test_trie_regexes_agree_on_every_key_and_value_shape() -> None:
+    import itertools
+    import re
+
+    for key, separator, value in itertools.product(_KEYS, [":", ": ", ":  "], _VALUES):
+        data = f'{{"{key}"{separator}{value}}}'.encode()
+        for api, reference in _REFERENCE.items():
+            fast = stream_format(api, "text/event-stream").token
+            assert [m.span() for m in fast.finditer(data)] == [m.span() for m in re.finditer(reference, data)], \
+                (api, data)

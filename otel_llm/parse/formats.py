@@ -19,24 +19,29 @@ from otel_llm.parse import routes
 SSE = "sse"
 NDJSON = "ndjson"
 
-_OPENAI_CHAT = (
-    rb'"(?:content|reasoning_content|reasoning|refusal)": ?"[^"]'
-    rb'|"tool_calls": ?\[\{'
-)
+# Alternations of keys are written as a trie after the opening quote: the regex engine stops
+# each attempt (one per `"` in the stream, about 30 per event) at the first byte that differs,
+# instead of trying every key in turn. Same matches as the plain alternation (tested against
+# it): 0.41 instead of 0.61 us per OpenAI chat event.
+_STRING = rb'": ?"[^"]'  # the key's closing quote, then a non-empty string value
+_ARRAY = rb'": ?\[\{'  # the key's closing quote, then a non-empty array of objects
+_OPENAI_CHAT = (rb'"(?:content' + _STRING + rb'|re(?:asoning(?:_content)?|fusal)' + _STRING
+                + rb'|tool_calls' + _ARRAY + rb')')
 _OPENAI_COMPLETIONS = rb'"text": ?"[^"]'
 _OPENAI_RESPONSES = (
     rb'"type": ?"response\.(?:output_text|refusal|reasoning_text|reasoning_summary_text'
     rb'|function_call_arguments)\.delta"'
 )
 _ANTHROPIC = rb'"type": ?"(?:text|thinking|input_json)_delta"'
-_OLLAMA_CHAT = rb'"(?:content|thinking)": ?"[^"]|"tool_calls": ?\[\{'
+_OLLAMA_CHAT = rb'"(?:content' + _STRING + rb'|t(?:hinking' + _STRING + rb'|ool_calls' + _ARRAY + rb'))'
 _OLLAMA_GENERATE = rb'"(?:response|thinking)": ?"[^"]'
 _LLAMACPP = rb'"content": ?"[^"]'
 # TGI token events: {"index":1,"token":{"id":..,"text":"x",...}}; top_tokens also carry "text".
 _TGI_STREAM = rb'"token": ?\{"id": ?-?\d+, ?"text": ?"'
 _SGLANG = rb'"text": ?"[^"]'
 _LMSTUDIO_V1 = rb"event: ?(?:message|reasoning)\.delta"
-_GENERIC = _OPENAI_CHAT + rb'|"(?:text|response)": ?"[^"]'
+_GENERIC = (rb'"(?:content' + _STRING + rb'|re(?:asoning(?:_content)?|fusal|sponse)' + _STRING
+            + rb'|t(?:ext' + _STRING + rb'|ool_calls' + _ARRAY + rb'))')
 
 
 @dataclass(frozen=True, slots=True)
