@@ -25,7 +25,7 @@ workload to the next), so compared figures are taken seconds apart; every figure
 rounds, ratios are medians of per-round ratios. Peak RSS is the worker's ``ru_maxrss``;
 tracemalloc peaks are taken after all timed work, during one more batch of concurrent streams.
 
-    python benchmarks/peers.py                      # full run, ~8 min (installs the peers once, ~30 s each)
+    python benchmarks/peers.py                      # full run, ~5 min (installs the peers once, ~30 s each)
     python benchmarks/peers.py --quick              # smoke run
     python benchmarks/peers.py --configs none,httpx-official,otel_llm   # no peer installed
     python benchmarks/peers.py --soak 20000         # memory flat over 20,000 calls with otel_llm
