@@ -115,9 +115,20 @@ def run(cycles: int, ticks: int, llama_port: int | None) -> None:
 
 
 def observer_threads_cpu() -> float:
-    """CPU seconds used so far by otel_llm's background threads."""
-    ids = {t.native_id for t in threading.enumerate() if t.name.startswith("otel_llm-")}
-    return sum(t.user_time + t.system_time for t in psutil.Process().threads() if t.id in ids)
+    """CPU seconds used so far by otel_llm's background threads: each thread's own CPU clock
+    (nanoseconds) where the platform has one; psutil's per-thread times count whole clock
+    ticks (10 ms on Linux), too coarse for threads that use a few ms per second."""
+    threads = [t for t in threading.enumerate() if t.name.startswith("otel_llm-") and t.ident is not None]
+    if not hasattr(time, "pthread_getcpuclockid"):
+        ids = {t.native_id for t in threads}
+        return sum(t.user_time + t.system_time for t in psutil.Process().threads() if t.id in ids)
+    total = 0.0
+    for thread in threads:
+        try:
+            total += time.clock_gettime(time.pthread_getcpuclockid(thread.ident))  # type: ignore[arg-type]
+        except OSError:  # the thread ended meanwhile
+            pass
+    return total
 
 
 @contextlib.contextmanager
