@@ -35,19 +35,25 @@ def observed() -> Iterator[Otel]:
         otel_llm.uninstrument()
 
 
-def _chat(server: LlamaServer, tokens: int) -> None:
+def _chat(server: LlamaServer, tokens: int, generating: threading.Event | None = None) -> None:
     client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
-    for _ in client.chat.completions.create(model="gemma", messages=[{"role": "user", "content": "Tell a story."}],
-                                            max_tokens=tokens, stream=True, extra_body={"ignore_eos": True}):
-        pass
+    for index, _ in enumerate(client.chat.completions.create(
+            model="gemma", messages=[{"role": "user", "content": "Tell a story."}],
+            max_tokens=tokens, stream=True, extra_body={"ignore_eos": True})):
+        if generating is not None and index == 4:
+            generating.set()
 
 
 def test_calls_carry_host_and_runtime_evidence(server: LlamaServer, observed: Otel) -> None:
     _chat(server, 8)  # the server is now known to the observers
     time.sleep(0.6)  # a poll of its /metrics and a few host samples
-    long_call = threading.Thread(target=_chat, args=(server, 60))
+    generating = threading.Event()
+    # long enough to be still generating when the late call starts, however fast this machine
+    # decodes (a fixed 60 tokens could finish within the wait below)
+    long_call = threading.Thread(target=_chat, args=(server, 200, generating))
     long_call.start()
-    time.sleep(0.8)  # generating, and polled while generating
+    assert generating.wait(60)
+    time.sleep(0.6)  # polled while generating (every 0.2 s here)
     _chat(server, 4)
     long_call.join()
     calls = sorted(observed.calls(), key=lambda c: c.start_time)
