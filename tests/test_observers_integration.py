@@ -45,6 +45,10 @@ def _chat(server: LlamaServer, tokens: int, generating: threading.Event | None =
 
 
 def test_calls_carry_host_and_runtime_evidence(server: LlamaServer, observed: Otel) -> None:
+    # A call in the first sampling interval after instrument() has no sample describing it yet
+    # (README); once the sampler has ticked, even a call shorter than the interval carries the
+    # newest sample. (With the model file in the page cache this first call takes ~0.17 s.)
+    time.sleep(0.5)
     _chat(server, 8)  # the server is now known to the observers
     time.sleep(0.6)  # a poll of its /metrics and a few host samples
     generating = threading.Event()
