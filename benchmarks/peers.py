@@ -1,7 +1,7 @@
 """Overhead of otel_llm next to its peers: no instrumentation, the official httpx instrumentation,
 otel_llm, openlit and OpenLLMetry (traceloop-sdk), measured in one run.
 
-On loopback, against the simulator in its own process (llama.cpp flavour, zero injected delays,
+On loopback, against the simulator in its own process (llama.cpp flavour unless ``--runtime`` says otherwise, zero injected delays,
 so CPU dominates). Each configuration runs in its own worker process (``_peers_worker.py``),
 started once and kept for the whole run: the local ones (none, httpx-official, otel_llm) with
 this virtualenv's Python, each peer with the Python of its own virtualenv under
@@ -28,6 +28,7 @@ tracemalloc peaks are taken after all timed work, during one more batch of concu
     python benchmarks/peers.py                      # full run, ~5 min (installs the peers once, ~30 s each)
     python benchmarks/peers.py --quick              # smoke run
     python benchmarks/peers.py --configs none,httpx-official,otel_llm   # no peer installed
+    python benchmarks/peers.py --runtime vllm       # a runtime whose answers carry no native counters
     python benchmarks/peers.py --soak 20000         # memory flat over 20,000 calls with otel_llm
     python benchmarks/peers.py --profile            # and otel_llm's worker once more under cProfile
     python benchmarks/peers.py --json run.json      # keep the raw figures; --from-json run.json reprints
@@ -662,7 +663,7 @@ def report_ratios(fig: Figures) -> list[str]:
 
 
 def report_header(fig: Figures, runners: list[Runner], missing: dict[str, str], args: argparse.Namespace) -> None:
-    print(f"peers benchmark: {fig.rounds} round(s), configurations alternated; simulator llama.cpp flavour, "
+    print(f"peers benchmark: {fig.rounds} round(s), configurations alternated; simulator {args.runtime} flavour, "
           f"zero injected delays, loopback; content capture in peers: {'off' if args.no_content else 'default (on)'}")
     for runner in runners:
         if runner.name not in fig.results:
@@ -759,6 +760,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=1, help="batches of concurrent async streams per round")
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--runtime", default="llama.cpp",
+                        help="the simulator's flavour: llama.cpp puts native counters in every answer; "
+                             "vllm puts none in its answers")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated, from: " + ", ".join(CONFIGS))
     parser.add_argument("--quick", action="store_true", help="smoke run: 1 round, few calls, 20 concurrent streams")
@@ -786,11 +790,12 @@ def main(argv: list[str] | None = None) -> int:
         for name in ("concurrency", "tokens"):
             setattr(args, name, int(saved["args"][name]))
         args.no_content = saved["args"]["no_content"] == "True"
+        args.runtime = saved["args"].get("runtime", "llama.cpp")
         runners = [Runner(r["name"], Path(r["python"]), {}, r["install"]) for r in saved.get("runners", [])] or [
             Runner(name, Path(sys.executable), {}, {}) for name in saved["results"]]
         failed = report(saved["results"], runners, saved["missing"], args)
         return 1 if failed and args.strict else 0
-    with SimProcess(runtime="llama.cpp", headers_delay=0.0, first_token_delay=0.0, token_interval=0.0,
+    with SimProcess(runtime=args.runtime, headers_delay=0.0, first_token_delay=0.0, token_interval=0.0,
                     tokens=max(args.tokens, SHORT)) as sim:
         if args.soak is not None:
             runners, missing = prepare([args.soak_config], args.cache_dir, not args.no_install, not args.no_content)
