@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from typing import Any
 
 import httpx
@@ -243,11 +244,8 @@ def test_diagnosis_counter_counts_calls_by_verdict_across_sessions(sim) -> None:
             _stream(url)
         finally:
             otel_llm.uninstrument()
-    verdicts = [(c.attributes.get(sc.LLM_DIAGNOSIS_BOTTLENECK, "none"), c.attributes.get(sc.LLM_DIAGNOSIS_COLD_START))
-                for c in state.calls()]
-    expected: dict[tuple[Any, ...], int] = {}
-    for verdict in verdicts:
-        expected[verdict] = expected.get(verdict, 0) + 1
+    expected = Counter((c.attributes.get(sc.LLM_DIAGNOSIS_BOTTLENECK, "none"),
+                        c.attributes.get(sc.LLM_DIAGNOSIS_COLD_START)) for c in state.calls())
     assert ("load", True) in expected  # the first call of the simulator loads the model
     assert _diagnosis_counts(state) == expected
     assert sum(expected.values()) == 4

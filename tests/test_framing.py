@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -154,6 +156,13 @@ _KEYS = ["content", "reasoning_content", "reasoning", "refusal", "tool_calls", "
 _VALUES = ['"x"', '""', '"', '[{', '[]', '[', 'null', '"\\"', '{"a":1}']
 
 
+def _assert_trie_matches_reference(data: bytes) -> None:
+    for api, reference in _REFERENCE.items():
+        fast = stream_format(api, "text/event-stream").token
+        expected = [m.span() for m in re.finditer(reference, data)]
+        assert [m.span() for m in fast.finditer(data)] == expected, (api, data)
+
+
 @settings(max_examples=400, deadline=None)
 @given(parts=st.lists(st.one_of(
     st.tuples(st.sampled_from(_KEYS), st.sampled_from([":", ": ", ":  "]), st.sampled_from(_VALUES)).map(
@@ -161,22 +170,9 @@ _VALUES = ['"x"', '""', '"', '[{', '[]', '[', 'null', '"\\"', '{"a":1}']
     st.binary(max_size=8), st.sampled_from([b'"', b",", b"{", b"}", b"\n\n"]),
 ), max_size=30))
 def test_trie_regexes_match_exactly_what_the_plain_alternations_match(parts: list[bytes]) -> None:
-    import re
-
-    data = b"".join(parts)
-    for api, reference in _REFERENCE.items():
-        fast = stream_format(api, "text/event-stream").token
-        expected = [m.span() for m in re.finditer(reference, data)]
-        assert [m.span() for m in fast.finditer(data)] == expected, (api, data)
+    _assert_trie_matches_reference(b"".join(parts))
 
 
 def test_trie_regexes_agree_on_every_key_and_value_shape() -> None:
-    import itertools
-    import re
-
     for key, separator, value in itertools.product(_KEYS, [":", ": ", ":  "], _VALUES):
-        data = f'{{"{key}"{separator}{value}}}'.encode()
-        for api, reference in _REFERENCE.items():
-            fast = stream_format(api, "text/event-stream").token
-            assert [m.span() for m in fast.finditer(data)] == [m.span() for m in re.finditer(reference, data)], \
-                (api, data)
+        _assert_trie_matches_reference(f'{{"{key}"{separator}{value}}}'.encode())
