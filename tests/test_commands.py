@@ -41,6 +41,21 @@ def test_benchmark_script_runs_and_reports_ratios() -> None:
     assert "added CPU per call:" in result.stdout and "added CPU per streamed chunk:" in result.stdout
 
 
+def test_breakdown_benchmark_runs_and_reports_each_part() -> None:
+    """``python benchmarks/breakdown.py``, shortened: SDK record costs, added CPU per call for
+    each configuration, and per chunk with an idle and a busy consumer."""
+    assert "python benchmarks/breakdown.py" in (ROOT / "README.md").read_text()
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "breakdown.py"), "--rounds", "1",
+                             "--calls", "10", "--streams", "2", "--busy", "2"], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    costs = re.findall(r"^  (\d) attributes\s+([\d.]+) us$", result.stdout, re.M)
+    assert [n for n, _ in costs] == ["0", "3", "7"] and all(float(v) > 0 for _, v in costs), result.stdout
+    configs = re.findall(r"^  (httpx-official|otel_llm|otel_llm, no metric records)\s+-?[\d.]+ us", result.stdout, re.M)
+    assert configs == ["httpx-official", "otel_llm", "otel_llm, no metric records"], result.stdout
+    assert re.findall(r"consumer doing (\d+) JSON parses per chunk: +-?[\d.]+ us", result.stdout) == ["0", "2"]
+
+
 def test_observers_benchmark_runs_with_a_real_llama_server() -> None:
     """``python benchmarks/observers.py --llama``, shortened: warm costs, the runtime process
     found by its port, and the threads in place, calling and idle."""
