@@ -34,7 +34,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 import otel_llm
-from otel_llm.build.metrics import CallMetrics
+from otel_llm.telemetry.metrics import CallMetrics
 from otel_llm.sim import SimProcess
 
 _EVENT = (b'{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m",'

@@ -1,4 +1,4 @@
-"""``OtelLlmInstrumentor``: installs and removes the transport and DNS hooks.
+"""``OtelLlmInstrumentor``: installs and removes every capture adapter's hooks.
 
 Registered under the ``opentelemetry_instrumentor`` entry point, so ``opentelemetry-instrument``
 picks it up; ``otel_llm.instrument()`` is the one-line way to call it.
@@ -7,7 +7,6 @@ picks it up; ``otel_llm.instrument()`` is the one-line way to call it.
 from __future__ import annotations
 
 import atexit
-import importlib
 from typing import Any, Collection, Iterator
 from urllib.parse import urlsplit
 
@@ -15,15 +14,16 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type:
 from wrapt import wrap_function_wrapper
 
 from otel_llm._log import logger
-from otel_llm.build.telemetry import CallSettings, Telemetry
-from otel_llm.capture import dns, streams, transport
+from otel_llm.telemetry.calls import CallSettings, Telemetry
+from otel_llm.capture import hooks, httpcore
+from otel_llm.capture.hooks import Patch
 from otel_llm.config import Options, resolve
 from otel_llm.export.providers import Providers, build_providers
 from otel_llm.observers.manager import Observers
 from otel_llm.package import _instruments
 
-# (httpx-like module, its httpcore-like module)
-_CLIENT_LIBRARIES = (("httpx", "httpcore"), ("httpx2", "httpcore2"))
+# one module per HTTP stack, each with ``patches(get_sink) -> list[Patch]``
+_ADAPTERS = (httpcore,)
 
 _telemetry: Telemetry | None = None
 
@@ -45,17 +45,10 @@ def _start_observers(options: Options, meter_provider: Any) -> Observers | None:
                      runtime=options.runtime_metrics, interval=options.sample_interval, runtimes=runtimes)
 
 
-def _optional_module(name: str) -> Any:
-    try:
-        return importlib.import_module(name)
-    except ImportError:
-        return None
-
-
 def _at_exit() -> None:
     telemetry = _telemetry
     if telemetry is not None:
-        streams.flush_collected(1.0)  # garbage-collected calls still queued
+        hooks.flush_collected(1.0)  # garbage-collected calls still queued
         telemetry.finish_live_calls()
     providers = OtelLlmInstrumentor()._providers
     if providers is not None:
@@ -89,7 +82,7 @@ def _remove_layer(owner: Any, method: str) -> None:
 
 
 class OtelLlmInstrumentor(BaseInstrumentor):  # type: ignore[misc]
-    """Traces model calls made through httpx and httpx2 (sync and async)."""
+    """Traces model calls made through httpx, httpx2, aiohttp and urllib3 (requests)."""
 
     _providers: Providers | None = None
     _observers: Observers | None = None
@@ -107,38 +100,22 @@ class OtelLlmInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         _telemetry = Telemetry(providers.tracer_provider, providers.meter_provider, settings, self._observers)
         self._providers = providers
         self._patched = []
-        for client_name, core_name in _CLIENT_LIBRARIES:
-            self._patch_library(client_name, core_name)
+        for adapter in _ADAPTERS:
+            for patch in adapter.patches(current_telemetry):
+                self._install(patch)
         # Registered after the providers exist: atexit runs handlers last-in first-out, so open
         # calls are finished before any provider (ours or the application's) shuts down.
         atexit.register(_at_exit)
         logger.debug("otel_llm: instrumented (%s)", providers.description)
 
-    def _patch_library(self, client_name: str, core_name: str) -> None:
-        try:
-            client = importlib.import_module(client_name)
-            core = importlib.import_module(core_name)
-        except ImportError:
+    def _install(self, patch: Patch) -> None:
+        owner_name, _, method = patch.target.partition(".")
+        owner = getattr(patch.module, owner_name, None) if patch.module is not None else None
+        if owner is None:
             return
-        patches = (
-            (client, "HTTPTransport.handle_request", transport.sync_send_wrapper(current_telemetry, client)),
-            (client, "AsyncHTTPTransport.handle_async_request", transport.async_send_wrapper(current_telemetry, client)),
-            (core, "SyncBackend.connect_tcp", dns.sync_connect_wrapper(core)),
-            (core, "AnyIOBackend.connect_tcp", dns.async_connect_wrapper(core)),
-            # private modules: pool waits are simply not timed where they differ
-            (_optional_module(f"{core_name}._sync.connection_pool"), "PoolRequest.wait_for_connection",
-             dns.sync_pool_wait_wrapper),
-            (_optional_module(f"{core_name}._async.connection_pool"), "AsyncPoolRequest.wait_for_connection",
-             dns.async_pool_wait_wrapper),
-        )
-        for module, name, wrapper in patches:
-            owner_name, _, method = name.partition(".")
-            owner = getattr(module, owner_name, None) if module is not None else None
-            if owner is None:
-                continue
-            self._patched.append((owner, method))
-            wrapper._otel_llm_hook = True  # type: ignore[attr-defined,union-attr]
-            wrap_function_wrapper(module, name, wrapper)
+        self._patched.append((owner, method))
+        patch.wrapper._otel_llm_hook = True  # type: ignore[attr-defined]
+        wrap_function_wrapper(patch.module, patch.target, patch.wrapper)
 
     def _uninstrument(self, **kwargs: Any) -> None:
         global _telemetry

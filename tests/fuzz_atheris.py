@@ -24,8 +24,8 @@ from pathlib import Path
 import atheris
 
 with atheris.instrument_imports(include=["otel_llm"]):
-    from otel_llm.build.attributes import response_attributes
-    from otel_llm.build.runtime import runtime_attributes
+    from otel_llm.telemetry.attributes import response_attributes
+    from otel_llm.telemetry.runtime import runtime_attributes
     from otel_llm.parse.formats import stream_format
     from otel_llm.parse.framing import StreamScanner
     from otel_llm.parse.request import parse_request

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from otel_llm import semconv as sc
-from otel_llm.build.attributes import response_attributes
+from otel_llm.telemetry.attributes import response_attributes
 from otel_llm.parse.response import parse_body
 
 

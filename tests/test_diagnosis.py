@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import otel_llm
 from otel_llm import semconv as sc
-from otel_llm.build.runtime import synthesized_spans
+from otel_llm.telemetry.runtime import synthesized_spans
 from otel_llm.parse.runtimes import RuntimeCounters
 from tests.conftest import Otel, configure_sim, make_otel, raw_timeline
 
@@ -196,7 +196,7 @@ def test_synthesized_spans_stay_inside_and_never_overlap(prefill, load, queue, d
 
 
 def _phases(**durations_ms: float) -> list:
-    from otel_llm.build.phases import Phase
+    from otel_llm.telemetry.phases import Phase
 
     names = {"dns": sc.SPAN_DNS, "connect": sc.SPAN_CONNECT, "tls": sc.SPAN_TLS, "upload": sc.SPAN_UPLOAD,
              "pool": sc.SPAN_POOL_WAIT, "wait": sc.SPAN_SERVER_WAIT, "first": sc.SPAN_FIRST_TOKEN,
@@ -209,7 +209,7 @@ def _phases(**durations_ms: float) -> list:
 
 
 def test_bottleneck_categories() -> None:
-    from otel_llm.build.diagnosis import bottleneck
+    from otel_llm.telemetry.diagnosis import bottleneck
 
     slow_tls = _phases(dns=5, connect=80, tls=300, upload=5, wait=50, first=100, decode=200)
     assert bottleneck(slow_tls, None, None, True, False, 0) == "network"
@@ -254,7 +254,7 @@ def test_diagnosis_counter_counts_calls_by_verdict_across_sessions(sim) -> None:
 
 
 def test_diagnosis_tally_is_bounded() -> None:
-    from otel_llm.build import metrics
+    from otel_llm.telemetry import metrics
 
     tally = metrics._Tally()
     for index in range(metrics._TALLY_LIMIT + 50):

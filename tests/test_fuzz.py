@@ -30,8 +30,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from otel_llm import semconv as sc
-from otel_llm.build.attributes import response_attributes
-from otel_llm.build.runtime import runtime_attributes
+from otel_llm.telemetry.attributes import response_attributes
+from otel_llm.telemetry.runtime import runtime_attributes
 from otel_llm.parse import routes as r
 from otel_llm.parse.formats import stream_format
 from otel_llm.parse.framing import BODY_LIMIT, HEAD_BYTES, TAIL_BYTES, StreamScanner

@@ -45,7 +45,7 @@ def no_telemetry() -> None:
 
 def client(url: str, max_idle: int = 4, read_timeout: float = 10.0, traced: bool = False) -> Upstream:
     return Upstream(url, max_idle=max_idle, connect_timeout=5.0, read_timeout=read_timeout,
-                    get_telemetry=current_telemetry if traced else no_telemetry)
+                    get_sink=current_telemetry if traced else no_telemetry)
 
 
 async def read_all(response: Response) -> list[bytes]:
@@ -228,7 +228,7 @@ def test_https_by_host_name_has_dns_connect_and_tls_phases(otel: Otel) -> None:
     body = json.dumps({"model": "tls-model", "stream": True, "messages": [{"role": "user", "content": "hi"}]})
 
     async def run(url: str) -> None:
-        up = Upstream(url, max_idle=2, connect_timeout=5.0, read_timeout=10.0, get_telemetry=current_telemetry,
+        up = Upstream(url, max_idle=2, connect_timeout=5.0, read_timeout=10.0, get_sink=current_telemetry,
                       ssl_context=client_context)
         for _ in range(2):
             assert b"tok0" in b"".join(await read_all(await up.request("POST", CHAT, JSON, body.encode())))

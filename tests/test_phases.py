@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from otel_llm import semconv as sc
-from otel_llm.build.phases import compute_phases
+from otel_llm.telemetry.phases import compute_phases
 from otel_llm.capture import call as marks_module
 from otel_llm.capture.call import N_MARKS
 

@@ -13,8 +13,8 @@ from opentelemetry.propagators.textmap import TextMapPropagator
 from opentelemetry.trace import SpanContext, TraceFlags, TraceState
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from otel_llm.build.propagation import inject_context
-from otel_llm.build.spans import CallSpan
+from otel_llm.telemetry.propagation import inject_context
+from otel_llm.telemetry.spans import CallSpan
 
 
 class Upper(TextMapPropagator):

@@ -423,7 +423,7 @@ class Tally:
 
 
 def _context_leak() -> str | None:
-    from otel_llm.capture.dns import CURRENT_CALL
+    from otel_llm.capture.call import CURRENT_CALL
 
     if len(otel_context.get_current()):
         return f"OpenTelemetry context left set: {dict(otel_context.get_current())}"
@@ -649,7 +649,7 @@ def _async_thread(base: str, tallies: list[Tally], started: Started, jobs: Itera
 
 def _census() -> Counter[str]:
     """Live otel_llm per-call objects."""
-    from otel_llm.build.spans import CallSpan
+    from otel_llm.telemetry.spans import CallSpan
     from otel_llm.capture.call import LlmCall
     from otel_llm.parse.framing import StreamScanner
 
@@ -657,7 +657,7 @@ def _census() -> Counter[str]:
     for obj in gc.get_objects():
         cls = type(obj)
         if cls in (LlmCall, CallSpan, StreamScanner) or (
-                cls.__module__ == "otel_llm.capture.streams" and cls.__name__.endswith("LlmStream")):
+                cls.__module__ == "otel_llm.capture.httpcore" and cls.__name__.endswith("LlmStream")):
             found[cls.__name__] += 1
     return found
 

@@ -1,25 +1,38 @@
-"""The timeline of one model call, recorded as it happens.
+"""The capture seam: one typed timeline per model call, fed by any HTTP stack.
 
-Only timestamps and references are taken while the request runs; everything else (parsing,
-spans, metrics) happens once, in :meth:`LlmCall.finish`, which runs exactly once whichever way
-the call ends: end of body, early close, cancellation, error or garbage collection.
+An adapter (one module per HTTP stack in this package) asks the sink whether a request is a
+model call (:meth:`CallSink.route`), opens an :class:`LlmCall` with a :class:`CallRequest`, then
+reports what its stack does through plain named methods: ``connect_started()``,
+``connected(peer)``, ``tls_done(version, cipher, alpn)``, ``request_sent()``,
+``response_started(status, headers)``, ``chunk(data)``, ``finish(reason)``... Each of them only
+takes a timestamp (and, rarely, keeps a small value); everything else (parsing, spans, metrics)
+happens once, in the sink, when :meth:`LlmCall.finish` runs, exactly once whichever way the call
+ends: end of body, early close, cancellation, error or garbage collection.
+
+Dependencies point one way: this package knows the sink only through :class:`CallSink`, and
+the sink reads the finished record without writing back into it.
 """
 
 from __future__ import annotations
 
+import contextvars
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Protocol
 
 from otel_llm._log import log_once
 from otel_llm.parse.content import CAPTURE_BYTES
+from otel_llm.parse.encoding import Decoder, decoder_for
 from otel_llm.parse.formats import is_stream_content_type, stream_format
 from otel_llm.parse.framing import BODY_LIMIT, StreamScanner
 
 if TYPE_CHECKING:
-    from otel_llm.build.telemetry import Telemetry
-    from otel_llm.parse.request import RequestInfo
     from otel_llm.parse.routes import Route
+
+__all__ = [
+    "CURRENT_CALL", "CallRequest", "CallSink", "HeaderCarrier", "LlmCall", "TlsInfo", "perf_ns",
+    "END_CANCELLED", "END_CLOSED", "END_EOF", "END_ERROR", "END_EXIT", "END_GC",
+]
 
 perf_ns = time.perf_counter_ns
 
@@ -28,21 +41,6 @@ CONNECT_START, DNS_START, DNS_END, CONNECT_END, TLS_START, TLS_END = range(6)
 UPLOAD_START, BODY_SENT, HEADERS = 6, 7, 8
 POOL_START, POOL_END = 9, 10  # set only when the request really queued for a pooled connection
 N_MARKS = 11
-
-_EVENT_MARKS: dict[str, int] = {
-    "connection.connect_tcp.started": CONNECT_START,
-    "connection.connect_tcp.complete": CONNECT_END,
-    "connection.connect_unix_socket.started": CONNECT_START,
-    "connection.connect_unix_socket.complete": CONNECT_END,
-    "connection.start_tls.started": TLS_START,
-    "connection.start_tls.complete": TLS_END,
-    "http11.send_request_headers.started": UPLOAD_START,
-    "http2.send_request_headers.started": UPLOAD_START,
-    "http11.send_request_body.complete": BODY_SENT,
-    "http2.send_request_body.complete": BODY_SENT,
-    "http11.receive_response_headers.complete": HEADERS,
-    "http2.receive_response_headers.complete": HEADERS,
-}
 
 FOLD_BYTES = 64 * 1024
 
@@ -54,50 +52,83 @@ END_ERROR = "error"
 END_GC = "garbage_collected"
 END_EXIT = "process_exit"
 
+# The call an adapter is inside of on this thread / task, for hooks deeper in the same stack
+# (DNS, pool waits) that see no request.
+CURRENT_CALL: contextvars.ContextVar[LlmCall | None] = contextvars.ContextVar(
+    "otel_llm_current_call", default=None
+)
 
-def _peer_address(stream: Any) -> tuple[str, int] | None:
-    """The connected address, read now: by the end of the call the socket may be closed."""
-    try:
-        address = stream.get_extra_info("server_addr")
-        return (str(address[0]), int(address[1]))
-    except Exception:
-        return None
+
+class HeaderCarrier(Protocol):
+    """Request headers as the seam uses them: read one, and set one (trace context)."""
+
+    def get(self, name: str, default: Any = None) -> Any: ...
+
+    def __setitem__(self, name: str, value: str) -> None: ...
+
+
+class CallRequest(NamedTuple):
+    """What an adapter hands over when a model call starts."""
+
+    method: str
+    scheme: str
+    host: str
+    port: int | None  # None: the scheme's default
+    path: str  # decoded, without the query
+    url: str  # the whole URL as sent
+    headers: HeaderCarrier  # trace context is written here, before the request is sent
+    body: bytes | None  # None: a streamed upload (not read); b"" when there is none
+
+
+class TlsInfo(NamedTuple):
+    version: str | None
+    cipher: str | None
+    alpn: str | None
+
+
+class CallSink(Protocol):
+    """Where calls go: decides which requests are model calls and turns finished ones into
+    telemetry (``otel_llm.telemetry.calls.Telemetry``)."""
+
+    capture_content: bool
+
+    def route(self, path: str) -> Route | None:
+        """The model API a request to ``path`` speaks, or None: not a model call."""
+
+    def call_started(self, call: LlmCall) -> Any:
+        """A call begins (trace context goes into ``call.request.headers``); returns the sink's
+        own state for it, kept on the call as ``sink_state`` and never read here."""
+
+    def call_finished(self, call: LlmCall) -> None:
+        """The call ended: build its telemetry from the record (read only)."""
 
 
 class LlmCall:
     """Everything recorded about one model call; finished exactly once."""
 
     __slots__ = (
-        "telemetry", "route", "request_info", "url", "method", "runtime", "runtime_configured", "span",
-        "admission",
-        "t0", "epoch0", "t_end", "marks", "tls_stream", "peer", "http_version",
-        "status", "response_headers", "content_type", "scanner", "times", "chunks", "pending",
-        "body", "body_overflow", "captured", "end_reason", "exception", "_lock", "_done", "__weakref__",
+        "sink", "route", "request", "sink_state", "t0", "epoch0", "t_end", "marks", "peer", "tls",
+        "http_version", "status", "response_headers", "content_type", "decoder", "scanner", "times",
+        "chunks", "pending", "body", "body_overflow", "captured", "end_reason", "exception", "_lock",
+        "_done", "__weakref__",
     )
 
-    def __init__(
-        self, telemetry: Telemetry, route: Route, request_info: RequestInfo, url: Any,
-        method: str, runtime: str | None,
-    ) -> None:
+    def __init__(self, sink: CallSink, route: Route, request: CallRequest) -> None:
         self.t0 = perf_ns()
         self.epoch0 = time.time_ns()
-        self.telemetry = telemetry
+        self.sink = sink
         self.route = route
-        self.request_info = request_info
-        self.url = url
-        self.method = method
-        self.runtime = runtime
-        self.runtime_configured = False  # the `runtimes` option named it: evidence does not override
-        self.span: Any = None
-        self.admission: Any = None
+        self.request = request
+        self.sink_state: Any = None
         self.t_end = 0
         self.marks = [0] * N_MARKS
-        self.tls_stream: Any = None
         self.peer: tuple[str, int] | None = None
+        self.tls: TlsInfo | None = None
         self.http_version: str | None = None
         self.status = 0
         self.response_headers: dict[str, str] = {}
         self.content_type = ""
+        self.decoder: Decoder | None = None  # the body arrives content-encoded (gzip...)
         self.scanner: StreamScanner | None = None
         self.times: list[int] = []
         self.chunks: list[bytes] = []
@@ -110,64 +141,95 @@ class LlmCall:
         self._lock = threading.Lock()
         self._done = False
 
-    # -- transport events (hot path: a timestamp and, rarely, a reference) -------------------
-    def on_trace_event(self, name: str, info: dict[str, Any]) -> None:
-        index = _EVENT_MARKS.get(name)
-        if index is None:
-            return
-        self.marks[index] = perf_ns()
-        if index == CONNECT_END:
-            self.peer = _peer_address(info.get("return_value"))
-        elif index == TLS_END:
-            self.tls_stream = info.get("return_value")
-        elif index == HEADERS:
-            value = info.get("return_value")
-            if isinstance(value, tuple) and value and isinstance(value[0], bytes):
-                self.http_version = value[0].decode("ascii", "replace")
+    @classmethod
+    def open(cls, sink: CallSink, route: Route, request: CallRequest) -> LlmCall:
+        """Start recording a model call (``route`` from ``sink.route``)."""
+        call = cls(sink, route, request)
+        call.sink_state = sink.call_started(call)
+        return call
 
-    def on_pool_wait(self, start_ns: int, end_ns: int) -> None:
-        if not self.marks[POOL_START]:
-            self.marks[POOL_START] = start_ns
-        self.marks[POOL_END] = end_ns
+    # -- the transport's events (hot path: a timestamp and, rarely, a small value) -----------
+    def pool_wait(self, start_ns: int, end_ns: int) -> None:
+        """The request queued for a pooled connection (all busy) from ``start_ns`` to ``end_ns``."""
+        marks = self.marks
+        if not marks[POOL_START]:
+            marks[POOL_START] = start_ns
+        marks[POOL_END] = end_ns
 
-    def on_dns(self, start_ns: int, end_ns: int) -> None:
-        self.marks[DNS_START] = start_ns
-        self.marks[DNS_END] = end_ns
+    def dns_started(self) -> None:
+        self.marks[DNS_START] = perf_ns()
 
-    def on_chunk(self, chunk: bytes) -> None:
-        """A chunk of the response body arrived (for clients other than httpx, whose stream
-        wrappers inline this)."""
+    def dns_done(self) -> None:
+        self.marks[DNS_END] = perf_ns()
+
+    def connect_started(self) -> None:
+        self.marks[CONNECT_START] = perf_ns()
+
+    def connected(self, peer: tuple[str, int] | None) -> None:
+        """TCP (or Unix socket) connected; ``peer`` is the address read from the socket now."""
+        self.marks[CONNECT_END] = perf_ns()
+        self.peer = peer
+
+    def tls_started(self) -> None:
+        self.marks[TLS_START] = perf_ns()
+
+    def tls_done(self, version: str | None, cipher: str | None, alpn: str | None) -> None:
+        self.marks[TLS_END] = perf_ns()
+        self.tls = TlsInfo(version, cipher, alpn)
+
+    def request_started(self) -> None:
+        """The request head is about to be written (on a new or a reused connection)."""
+        self.marks[UPLOAD_START] = perf_ns()
+
+    def request_sent(self) -> None:
+        """The whole request (head and body) was handed to the network."""
+        self.marks[BODY_SENT] = perf_ns()
+
+    def headers_received(self, http_version: str | None = None) -> None:
+        """The response head arrived (stacks that report it before handing the response over)."""
+        self.marks[HEADERS] = perf_ns()
+        if http_version:
+            self.http_version = http_version
+
+    def response_started(self, status: int, headers: Mapping[str, str], decoded: bool = False) -> None:
+        """The response head is in: pick stream scanning or whole-body parsing. ``decoded``: the
+        stack hands ``chunk`` the body with its ``Content-Encoding`` already removed."""
+        if not self.marks[HEADERS]:
+            self.marks[HEADERS] = perf_ns()
+        self.status = status
+        self.response_headers = {k.lower(): v for k, v in headers.items()}
+        self.content_type = self.response_headers.get("content-type", "").lower()
+        if not decoded:
+            self.decoder = decoder_for(self.response_headers.get("content-encoding"))
+        if is_stream_content_type(self.content_type):
+            self.scanner = StreamScanner(stream_format(self.route.api, self.content_type))
+            if self.sink.capture_content:
+                self.captured = bytearray()
+
+    def chunk(self, data: bytes) -> None:
+        """A piece of the response body reached the application."""
         self.times.append(perf_ns())
-        self.chunks.append(chunk)
-        self.pending += len(chunk)
+        self.chunks.append(data)
+        self.pending += len(data)
         if self.pending > FOLD_BYTES:
             self.fold()
 
     def to_epoch(self, t_ns: int) -> int:
         return self.epoch0 + (t_ns - self.t0)
 
-    # -- response ----------------------------------------------------------------------------
-    def on_response(self, status: int, headers: Any) -> None:
-        """Response headers are in: pick stream scanning or whole-body parsing."""
-        if not self.marks[HEADERS]:
-            self.marks[HEADERS] = perf_ns()
-        self.status = status
-        self.response_headers = {k.lower(): v for k, v in headers.items()}
-        self.content_type = self.response_headers.get("content-type", "").lower()
-        if is_stream_content_type(self.content_type):
-            self.scanner = StreamScanner(stream_format(self.route.api, self.content_type))
-            if self.telemetry.settings.capture_content:
-                self.captured = bytearray()
-
+    # -- off the hot path ------------------------------------------------------------------------
     def fold(self) -> None:
         """Move the recorded chunks into the scanner (or the bounded body buffer)."""
         try:
+            times, chunks = self.times, self.chunks
+            if self.decoder is not None:
+                times, chunks = self.decoder.decode(times, chunks)
             if self.scanner is not None:
-                self.scanner.fold(self.times, self.chunks)
+                self.scanner.fold(times, chunks)
                 if self.captured is not None and len(self.captured) < CAPTURE_BYTES:
-                    self.captured += b"".join(self.chunks)[: CAPTURE_BYTES - len(self.captured)]
+                    self.captured += b"".join(chunks)[: CAPTURE_BYTES - len(self.captured)]
             elif not self.body_overflow:
-                self.body.extend(self.chunks)
+                self.body.extend(chunks)
                 if sum(map(len, self.body)) > BODY_LIMIT:
                     self.body_overflow = True
                     self.body.clear()
@@ -177,10 +239,9 @@ class LlmCall:
         self.chunks.clear()
         self.pending = 0
 
-    # -- end ---------------------------------------------------------------------------------
     def finish(self, reason: str, exc: BaseException | None = None, at_ns: int = 0) -> None:
-        """End the call once (at ``at_ns`` if given, else now): fold what is left, then build
-        spans and metrics."""
+        """End the call once (at ``at_ns`` if given, else now): fold what is left, then hand the
+        record to the sink."""
         if self._done or not self._lock.acquire(blocking=False):
             return
         try:
@@ -192,9 +253,7 @@ class LlmCall:
             self.exception = exc
             if self.chunks:
                 self.fold()
-            self.telemetry.live.pop(id(self), None)
-            self.telemetry.release(self)
-            self.telemetry.emit(self)
+            self.sink.call_finished(self)
         except Exception:
             log_once("finishing a model call failed")
         finally:

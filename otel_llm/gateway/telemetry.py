@@ -24,7 +24,7 @@ from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 from opentelemetry.trace import NonRecordingSpan, SpanKind, Status, StatusCode, TracerProvider
 
 from otel_llm import semconv as sc
-from otel_llm.build.spans import CallSpan, SdkSpanSink, make_sink
+from otel_llm.telemetry.spans import CallSpan, SdkSpanSink, make_sink
 from otel_llm.parse.routes import match_route
 from otel_llm.version import __version__
 

@@ -11,8 +11,8 @@ when httpx was the client: ``ConnectError``/``ConnectTimeout`` connecting, ``Rea
 response, ``ReadError`` for a reset. A reused connection that the server closed before answering
 (nothing received) is retried once on a new connection.
 
-Tracing: the core's httpx hooks never see these requests, so the client feeds the core's
-:class:`~otel_llm.capture.call.LlmCall` itself, with the same httpcore event names.
+Tracing: the core's client adapters never see these requests, so this client feeds the capture
+seam itself (:class:`~otel_llm.capture.call.LlmCall`'s named methods), as any adapter does.
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ import asyncio
 import re
 import socket
 import ssl
-import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import unquote
 
 import httptools
@@ -32,26 +31,14 @@ import httpx
 from opentelemetry import propagate
 
 from otel_llm._log import log_once
-from otel_llm.capture.call import END_CLOSED, END_EOF
-from otel_llm.capture.dns import is_ip
-
-if TYPE_CHECKING:
-    from otel_llm.build.telemetry import Telemetry
-    from otel_llm.capture.call import LlmCall
+from otel_llm.capture.call import END_CLOSED, END_EOF, CallRequest, CallSink, LlmCall
+from otel_llm.capture.httpcore_dns import is_ip
 
 __all__ = ["Response", "Upstream"]
 
 HIGH_WATER = 256 * 1024  # buffered body bytes at which reading the upstream pauses
 LOW_WATER = 64 * 1024  # ... and resumes
-_perf_ns = time.perf_counter_ns
 _UNSAFE_TARGET = re.compile(rb"[^\x21-\x7e]")  # never sent raw in a request line
-_CONNECT_STARTED = "connection.connect_tcp.started"
-_CONNECT_DONE = "connection.connect_tcp.complete"
-_TLS_STARTED = "connection.start_tls.started"
-_TLS_DONE = "connection.start_tls.complete"
-_SEND_STARTED = "http11.send_request_headers.started"
-_BODY_SENT = "http11.send_request_body.complete"
-_HEAD_DONE = "http11.receive_response_headers.complete"
 
 
 class _Stale(Exception):
@@ -61,23 +48,6 @@ class _Stale(Exception):
 def _escape_target(target: bytes) -> bytes:
     # uvicorn's parser already refuses these; this only keeps the request line well formed.
     return _UNSAFE_TARGET.sub(lambda m: b"%%%02X" % m.group()[0], target)
-
-
-class _Url:
-    """What the core reads of a request URL (``httpx.URL``'s names), without parsing one per request."""
-
-    __slots__ = ("scheme", "host", "port", "raw_path", "_text")
-
-    def __init__(self, scheme: str, host: str, port: int | None, origin: str, target: bytes) -> None:
-        self.scheme, self.host, self.port, self.raw_path = scheme, host, port, target
-        self._text = origin + target.decode("ascii")
-
-    @property
-    def path(self) -> str:
-        return unquote(self.raw_path.partition(b"?")[0].decode("ascii"))
-
-    def __str__(self) -> str:
-        return self._text
 
 
 class _Headers:
@@ -99,15 +69,6 @@ class _Headers:
         name = name.lower()
         self.pairs[:] = [pair for pair in self.pairs if pair[0] != name]
         self.pairs.append((name, value))
-
-
-class _CallRequest:
-    """The request as ``Telemetry.start_call`` reads it (httpx.Request's attribute names)."""
-
-    __slots__ = ("method", "url", "headers", "content")
-
-    def __init__(self, method: str, url: _Url, headers: _Headers, content: bytes) -> None:
-        self.method, self.url, self.headers, self.content = method, url, headers, content
 
 
 class _Connection(asyncio.Protocol):
@@ -171,11 +132,16 @@ class _Connection(asyncio.Protocol):
         self._lost(exc)
         self.transport = None
 
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        """The transport's, with httpcore's name for the peer (the core reads ``server_addr``)."""
-        if self.transport is None:
-            return default
-        return self.transport.get_extra_info("peername" if name == "server_addr" else name, default)
+    def peer(self) -> tuple[str, int] | None:
+        peer = self.transport.get_extra_info("peername") if self.transport is not None else None
+        return (str(peer[0]), int(peer[1])) if isinstance(peer, tuple) and len(peer) >= 2 else None
+
+    def tls_details(self) -> tuple[str | None, str | None, str | None]:
+        ssl_object = self.transport.get_extra_info("ssl_object") if self.transport is not None else None
+        if ssl_object is None:
+            return None, None, None
+        cipher = ssl_object.cipher()
+        return ssl_object.version(), cipher[0] if cipher else None, ssl_object.selected_alpn_protocol()
 
     # -- httptools callbacks ---------------------------------------------------------------------
     def on_status(self, reason: bytes) -> None:
@@ -274,7 +240,7 @@ def _expire(waiter: asyncio.Future[None]) -> None:
 
 
 class _ResponseHeaders(dict):  # type: ignore[type-arg]
-    """Response headers for ``LlmCall.on_response``: lower-case names, repeats joined as httpx does."""
+    """Response headers for ``LlmCall.response_started``: lower-case names, repeats joined as httpx does."""
 
     def __init__(self, pairs: list[tuple[bytes, bytes]]) -> None:
         super().__init__()
@@ -309,7 +275,7 @@ class Response:
                 chunk = conn.take()
                 if chunk is not None:
                     if self._call is not None:
-                        self._call.on_chunk(chunk)
+                        self._call.chunk(chunk)
                     return chunk
                 if conn.done:
                     break
@@ -342,7 +308,7 @@ class Upstream:
     """Client for one upstream origin (``base_url``'s scheme, host and port)."""
 
     def __init__(self, base_url: str, max_idle: int, connect_timeout: float, read_timeout: float,
-                 get_telemetry: Callable[[], Telemetry | None] | None = None,
+                 get_sink: Callable[[], CallSink | None] | None = None,
                  ssl_context: ssl.SSLContext | None = None) -> None:
         url = httpx.URL(base_url)
         self.scheme = url.scheme
@@ -361,11 +327,11 @@ class Upstream:
             self._ssl = ssl_context or httpx.create_ssl_context(trust_env=False)
             self._ssl.set_alpn_protocols(["http/1.1"])
         self._is_ip = is_ip(self.host)
-        if get_telemetry is None:
+        if get_sink is None:
             from otel_llm.instrumentor import current_telemetry
 
-            get_telemetry = current_telemetry
-        self._get_telemetry: Callable[[], Telemetry | None] = get_telemetry
+            get_sink = current_telemetry
+        self._get_sink: Callable[[], CallSink | None] = get_sink
 
     async def request(self, method: str, target: bytes, headers: list[tuple[str, str]], body: bytes) -> Response:
         """Send the request and return once the response head is in.
@@ -401,13 +367,15 @@ class Upstream:
         """The core's model-call record (it injects ``traceparent``), or None for other routes,
         which still get the caller's trace context."""
         carrier = _Headers(headers)
-        telemetry = self._get_telemetry()
-        if telemetry is not None:
+        sink = self._get_sink()
+        if sink is not None:
             try:
-                url = _Url(self.scheme, self.host, self._url_port, self._origin, target)
-                call = telemetry.start_call(_CallRequest(method, url, carrier, body))
-                if call is not None:
-                    return call
+                path = unquote(target.partition(b"?")[0].decode("ascii"))
+                route = sink.route(path)
+                if route is not None:
+                    request = CallRequest(method, self.scheme, self.host, self._url_port, path,
+                                          self._origin + target.decode("ascii"), carrier, body)
+                    return LlmCall.open(sink, route, request)
             except Exception:
                 log_once("starting a model-call trace failed")
         propagate.inject(carrier)
@@ -432,7 +400,7 @@ class Upstream:
                 return conn, True
         loop = asyncio.get_running_loop()
         if call is not None:
-            call.on_trace_event(_CONNECT_STARTED, {})
+            call.connect_started()
         try:
             conn = await asyncio.wait_for(self._open(loop, call), self.connect_timeout)
         except asyncio.TimeoutError:
@@ -444,15 +412,14 @@ class Upstream:
     async def _open(self, loop: asyncio.AbstractEventLoop, call: LlmCall | None) -> _Connection:
         addresses = [self.host]
         if not self._is_ip:
-            started = _perf_ns()
+            if call is not None:
+                call.dns_started()
             try:
                 infos = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
             except OSError:
-                if call is not None:
-                    call.on_dns(started, 0)  # the call ends inside the DNS phase
-                raise
+                raise  # no end mark: the call ends inside the DNS phase
             if call is not None:
-                call.on_dns(started, _perf_ns())
+                call.dns_done()
             addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
         error: OSError | None = None
         for address in addresses:
@@ -465,10 +432,10 @@ class Upstream:
         else:
             raise error or OSError("no address to connect to")
         if call is not None:
-            call.on_trace_event(_CONNECT_DONE, {"return_value": conn})
+            call.connected(conn.peer())
         if self._ssl is not None:
             if call is not None:
-                call.on_trace_event(_TLS_STARTED, {})
+                call.tls_started()
             try:
                 conn.transport = await loop.start_tls(conn.transport, conn, self._ssl,  # type: ignore[arg-type,assignment]
                                                       server_hostname=self.host)
@@ -476,7 +443,7 @@ class Upstream:
                 conn.close()
                 raise
             if call is not None:
-                call.on_trace_event(_TLS_DONE, {"return_value": conn})
+                call.tls_done(*conn.tls_details())
         return conn
 
     async def _exchange(self, conn: _Connection, reused: bool, data: bytes, call: LlmCall | None) -> Response:
@@ -484,11 +451,11 @@ class Upstream:
         conn._reset(head_only=data.startswith(b"HEAD "))
         conn.active = True
         if call is not None:
-            call.on_trace_event(_SEND_STARTED, {})
+            call.request_started()
         assert conn.transport is not None
         conn.transport.write(data)
         if call is not None:
-            call.on_trace_event(_BODY_SENT, {})
+            call.request_sent()
         try:
             while not conn.head_done:
                 if conn.error is not None:
@@ -501,9 +468,8 @@ class Upstream:
             raise
         response = Response(conn, self, call)
         if call is not None:
-            version = b"HTTP/" + conn.parser.get_http_version().encode("ascii")
-            call.on_trace_event(_HEAD_DONE, {"return_value": (version, conn.status, conn.reason, conn.headers)})
-            call.on_response(conn.status, _ResponseHeaders(conn.headers))
+            call.headers_received(conn.parser.get_http_version())
+            call.response_started(conn.status, _ResponseHeaders(conn.headers))
         return response
 
     def _release(self, conn: _Connection, reuse: bool) -> None:

@@ -1,4 +1,4 @@
-"""Time what httpcore emits no trace event for: DNS apart from TCP connect, and pool waits.
+"""httpcore adapter, continued: time what httpcore emits no trace event for: DNS apart from TCP connect, and pool waits.
 
 A request that finds every pooled connection busy blocks in ``PoolRequest.wait_for_connection``;
 that wait is timed only when it really blocks (no connection assigned yet).
@@ -13,20 +13,18 @@ original method runs untouched.
 
 from __future__ import annotations
 
-import contextvars
 import ipaddress
 import socket
 from types import ModuleType
 from typing import Any, Callable
 
-from otel_llm.capture.call import LlmCall, perf_ns
+from otel_llm.capture.call import CURRENT_CALL, perf_ns
+from otel_llm.capture.hooks import Patch, optional_module
 
-CURRENT_CALL: contextvars.ContextVar[LlmCall | None] = contextvars.ContextVar(
-    "otel_llm_current_call", default=None
-)
+__all__ = ["is_ip", "patches"]
 
 
-def sync_pool_wait_wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+def _sync_pool_wait_wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     """wrapt wrapper for ``PoolRequest.wait_for_connection``: times a real wait for a connection."""
     call = CURRENT_CALL.get()
     if call is None or instance.connection is not None:
@@ -35,10 +33,10 @@ def sync_pool_wait_wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) 
     try:
         return wrapped(*args, **kwargs)
     finally:
-        call.on_pool_wait(start, perf_ns())
+        call.pool_wait(start, perf_ns())
 
 
-async def async_pool_wait_wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+async def _async_pool_wait_wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     """wrapt wrapper for ``AsyncPoolRequest.wait_for_connection``."""
     call = CURRENT_CALL.get()
     if call is None or instance.connection is not None:
@@ -47,7 +45,7 @@ async def async_pool_wait_wrapper(wrapped: Any, instance: Any, args: Any, kwargs
     try:
         return await wrapped(*args, **kwargs)
     finally:
-        call.on_pool_wait(start, perf_ns())
+        call.pool_wait(start, perf_ns())
 
 
 def is_ip(host: str) -> bool:
@@ -77,7 +75,7 @@ def _addresses(infos: list[Any]) -> list[str]:
     return seen
 
 
-def sync_connect_wrapper(core: ModuleType) -> Callable[..., Any]:
+def _sync_connect_wrapper(core: ModuleType) -> Callable[..., Any]:
     """wrapt wrapper for ``<core>.SyncBackend.connect_tcp``."""
 
     def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
@@ -87,13 +85,12 @@ def sync_connect_wrapper(core: ModuleType) -> Callable[..., Any]:
         host, port, rest = _split(args, kwargs)
         if is_ip(host):
             return wrapped(host, port, **rest)
-        start = perf_ns()
+        call.dns_started()
         try:
             infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except OSError as exc:
-            call.on_dns(start, 0)  # no end mark: the call ends inside the DNS phase
+        except OSError as exc:  # no end mark: the call ends inside the DNS phase
             raise core.ConnectError(str(exc)) from exc
-        call.on_dns(start, perf_ns())
+        call.dns_done()
         return _connect_each(wrapped, _addresses(infos), port, rest, core)
 
     return wrapper
@@ -109,7 +106,7 @@ def _connect_each(wrapped: Any, addresses: list[str], port: int, rest: dict[str,
     raise error if error is not None else core.ConnectError("no address to connect to")
 
 
-def async_connect_wrapper(core: ModuleType) -> Callable[..., Any]:
+def _async_connect_wrapper(core: ModuleType) -> Callable[..., Any]:
     """wrapt wrapper for ``<core>.AnyIOBackend.connect_tcp``."""
 
     async def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
@@ -121,13 +118,12 @@ def async_connect_wrapper(core: ModuleType) -> Callable[..., Any]:
             return await wrapped(host, port, **rest)
         import anyio
 
-        start = perf_ns()
+        call.dns_started()
         try:
             infos = await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except OSError as exc:
-            call.on_dns(start, 0)  # no end mark: the call ends inside the DNS phase
+        except OSError as exc:  # no end mark: the call ends inside the DNS phase
             raise core.ConnectError(str(exc)) from exc
-        call.on_dns(start, perf_ns())
+        call.dns_done()
         error: BaseException | None = None
         for address in _addresses(infos):
             try:
@@ -137,3 +133,16 @@ def async_connect_wrapper(core: ModuleType) -> Callable[..., Any]:
         raise error if error is not None else core.ConnectError("no address to connect to")
 
     return wrapper
+
+
+def patches(core: ModuleType, core_name: str) -> list[Patch]:
+    """DNS and pool-wait timing for one httpcore-like module."""
+    return [
+        Patch(core, "SyncBackend.connect_tcp", _sync_connect_wrapper(core)),
+        Patch(core, "AnyIOBackend.connect_tcp", _async_connect_wrapper(core)),
+        # private modules: pool waits are simply not timed where they differ
+        Patch(optional_module(f"{core_name}._sync.connection_pool"), "PoolRequest.wait_for_connection",
+              _sync_pool_wait_wrapper),
+        Patch(optional_module(f"{core_name}._async.connection_pool"), "AsyncPoolRequest.wait_for_connection",
+              _async_pool_wait_wrapper),
+    ]

@@ -16,7 +16,7 @@ from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 if TYPE_CHECKING:
-    from otel_llm.build.spans import CallSpan
+    from otel_llm.telemetry.spans import CallSpan
 
 _DEFAULT_KINDS = (TraceContextTextMapPropagator, W3CBaggagePropagator)
 _checked: tuple[Any, bool] = (None, False)  # (propagator last looked at, is it a default one)

@@ -1,5 +1,5 @@
-"""Start a model call (sampling decision, ``traceparent``), and build the rest of its telemetry
-once when it finishes: phases from the recorded marks, attributes from request, response and
+"""The sink of captured calls: start a model call (sampling decision, ``traceparent``), and
+build the rest of its telemetry once when it finishes: phases from the recorded marks, attributes from request, response and
 timeline, the span tree (see ``spans``) and the metrics.
 """
 
@@ -13,20 +13,21 @@ from opentelemetry.trace import TracerProvider
 
 from otel_llm import semconv as sc
 from otel_llm._log import log_once
-from otel_llm.build import attributes as attr_build
-from otel_llm.build import diagnosis
-from otel_llm.build.metrics import CallMetrics
-from otel_llm.build.phases import Phase, compute_phases
-from otel_llm.build.propagation import inject_context
-from otel_llm.build.spans import CallSpan, make_sink
-from otel_llm.build.inflight import InFlight
-from otel_llm.build.runtime import runtime_attributes, synthesized_spans
+from otel_llm.telemetry import attributes as attr_build
+from otel_llm.telemetry import diagnosis
+from otel_llm.telemetry.metrics import CallMetrics
+from otel_llm.telemetry.phases import Phase, compute_phases
+from otel_llm.telemetry.propagation import inject_context
+from otel_llm.telemetry.spans import CallSpan, make_sink
+from otel_llm.telemetry.inflight import Admission, InFlight
+from otel_llm.telemetry.runtime import runtime_attributes, synthesized_spans
 from otel_llm.capture.call import (
-    BODY_SENT, CONNECT_START, END_CANCELLED, END_ERROR, END_EXIT, HEADERS, UPLOAD_START, LlmCall,
+    BODY_SENT, CONNECT_START, END_CANCELLED, END_ERROR, END_EXIT, HEADERS, UPLOAD_START, CallRequest, LlmCall,
+    TlsInfo,
 )
 from otel_llm.parse.content import stream_text
 from otel_llm.parse.formats import NDJSON
-from otel_llm.parse.request import parse_request
+from otel_llm.parse.request import RequestInfo, parse_request
 from otel_llm.parse.response import ResponseInfo, parse_body, parse_events
 from otel_llm.parse.routes import Route, match_route
 from otel_llm.parse.server_timing import parse_server_timing
@@ -51,6 +52,16 @@ class _Endpoint:
     attributes: dict[str, Any]  # never mutated: each call copies it
 
 
+@dataclass(slots=True)
+class CallState:
+    """The sink's own record of a call in progress (the capture record only carries it)."""
+
+    request: RequestInfo
+    endpoint: _Endpoint
+    admission: Admission
+    span: CallSpan
+
+
 @dataclass
 class CallSettings:
     """What the capture and build layers need from the user's options."""
@@ -61,7 +72,8 @@ class CallSettings:
 
 
 class Telemetry:
-    """Tracer, instruments and settings shared by every call while instrumented."""
+    """The capture layer's :class:`~otel_llm.capture.call.CallSink`: tracer, instruments and
+    settings shared by every call while instrumented."""
 
     def __init__(self, tracer_provider: TracerProvider, meter_provider: MeterProvider, settings: CallSettings,
                  observers: Observers | None = None) -> None:
@@ -74,63 +86,62 @@ class Telemetry:
             key=lambda item: -len(item[0]),
         )
         self._llm_routes = tuple(settings.llm_routes)
-        self._sink = make_sink(self.tracer)
+        self.capture_content = settings.capture_content
+        self._spans = make_sink(self.tracer)
         self.observers = observers
         self.live: dict[int, LlmCall] = {}  # calls not finished yet, by id()
         self._endpoints: dict[tuple[str, str], _Endpoint] = {}
 
-    # -- start ---------------------------------------------------------------------------------
-    def start_call(self, request: Any) -> LlmCall | None:
-        """A new call if ``request`` is a model call (by route), else None."""
-        url = request.url
-        route = match_route(url.path, self._llm_routes)
-        if route is None:
-            return None
-        try:
-            body = request.content
-        except Exception:  # a streaming upload: nothing to parse, the call is still traced
-            body = None
-        info = parse_request(route.api, body)
-        method = request.method
-        endpoint = self._endpoint(url, method, route)
-        call = LlmCall(self, route, info, url, method, endpoint.runtime)
-        call.runtime_configured = endpoint.configured
-        call.admission = self.in_flight.admit(endpoint.server, body, request.headers, info.model, _unloads(info))
-        self.live[id(call)] = call
-        attrs = attr_build.request_attributes(endpoint.attributes, info, self.settings.capture_content)
-        call.span = span = self._sink.start(attr_build.span_name(route.operation, info.model), attrs, call.epoch0)
-        if self.observers is not None:
-            self._note_server(self.observers, call, span.attributes)
-        inject_context(request.headers, span)
-        return call
+    # -- the capture seam (CallSink) ---------------------------------------------------------
+    def route(self, path: str) -> Route | None:
+        return match_route(path, self._llm_routes)
 
-    def _endpoint(self, url: Any, method: str, route: Route) -> _Endpoint:
+    def call_started(self, call: LlmCall) -> CallState:
+        """Sampling decision, in-flight admission, ``traceparent`` into the request headers."""
+        request = call.request
+        info = parse_request(call.route.api, request.body)
+        endpoint = self._endpoint(request, call.route)
+        admission = self.in_flight.admit(endpoint.server, request.body, request.headers, info.model,
+                                         _unloads(info))
+        attrs = attr_build.request_attributes(endpoint.attributes, info, self.settings.capture_content)
+        span = self._spans.start(attr_build.span_name(call.route.operation, info.model), attrs, call.epoch0)
+        state = CallState(info, endpoint, admission, span)
+        self.live[id(call)] = call
+        if self.observers is not None:
+            self._note_server(self.observers, request, endpoint, span.attributes)
+        inject_context(request.headers, span)
+        return state
+
+    def call_finished(self, call: LlmCall) -> None:
+        self.live.pop(id(call), None)
+        state: CallState = call.sink_state
+        self.in_flight.release(state.admission)
+        self.emit(call, state)
+
+    def _endpoint(self, request: CallRequest, route: Route) -> _Endpoint:
         """What depends only on the URL and method, computed once per endpoint: an application
         calls the same few over and over."""
-        key = (str(url), method)
+        key = (request.url, request.method)
         endpoint = self._endpoints.get(key)
         if endpoint is None:
-            configured = self._configured_runtime(key[0])
+            configured = self._configured_runtime(request.url)
             runtime = configured or route.runtime
-            provider = attr_build.provider_name(runtime, url.host, route.api)
-            endpoint = _Endpoint(runtime, configured is not None, (url.host, url.port or 0),
-                                 attr_build.endpoint_attributes(route, method, url, runtime, provider))
+            provider = attr_build.provider_name(runtime, request.host, route.api)
+            endpoint = _Endpoint(runtime, configured is not None, (request.host, request.port or 0),
+                                 attr_build.endpoint_attributes(route, request, runtime, provider))
             if len(self._endpoints) >= _MAX_ENDPOINTS:  # URLs with ever-changing query strings
                 self._endpoints.clear()
             self._endpoints[key] = endpoint
         return endpoint
 
     @staticmethod
-    def _note_server(observers: Observers, call: LlmCall, attrs: dict[str, Any]) -> None:
+    def _note_server(observers: Observers, request: CallRequest, endpoint: _Endpoint,
+                     attrs: dict[str, Any]) -> None:
         """Let the observers watch this server; note what its runtime had queued."""
         observers.activity.touch()
-        host, port = call.admission.server
-        observers.registry.note(host, port, call.runtime, call.url.scheme)
+        host, port = endpoint.server
+        observers.registry.note(host, port, endpoint.runtime, request.scheme)
         attrs.update(observers.runtime_at_start(host, port))
-
-    def release(self, call: LlmCall) -> None:
-        if call.admission is not None:
-            self.in_flight.release(call.admission)
 
     def finish_live_calls(self) -> None:
         """End the calls still open (at process exit), so their spans are exported too."""
@@ -144,9 +155,9 @@ class Telemetry:
         return None
 
     # -- finish --------------------------------------------------------------------------------
-    def emit(self, call: LlmCall) -> None:
-        """Build the call's attributes, phase spans and metrics, once."""
-        span: CallSpan = call.span
+    def emit(self, call: LlmCall, state: CallState) -> None:
+        """Build the call's attributes, phase spans and metrics, once (reading the record only)."""
+        span = state.span
         scanner = call.scanner
         first_token = scanner.first_token_ns if scanner is not None else 0
         phases = compute_phases(call.marks, call.t0, call.t_end, call.streaming, first_token)
@@ -162,26 +173,26 @@ class Telemetry:
         counters = None
         if response is not None:
             # vLLM leaves no trace in its responses: a configured or route-implied runtime stands in
-            response.runtime = response.runtime or call.runtime
+            response.runtime = response.runtime or state.endpoint.runtime
             if response.runtime or response.native or _TGI_HINT in call.response_headers:
                 counters = runtime_counters(response, call.response_headers)
-        synthesized = self._runtime_evidence(call, counters, phases, first_token, attrs)
+        synthesized = self._runtime_evidence(call, state, counters, phases, first_token, attrs)
         if self.observers is not None:
             attrs.update(self.observers.call_attributes(call.t0, call.t_end))
         children = phases + synthesized
-        self._sink.finish(call, span, error, children, [_phase_attributes(call, p) for p in children])
+        self._spans.finish(call, span, error, children, [_phase_attributes(call, p) for p in children])
         try:
             self.metrics.record(attrs, timings, [(p.name, (p.end_ns - p.start_ns) * _NS) for p in phases],
                                 span.context if span.recording else None, counters)
         except Exception:
             log_once("recording model-call metrics failed")
 
-    def _runtime_evidence(self, call: LlmCall, counters: RuntimeCounters | None, phases: list[Phase],
-                          first_token: int, attrs: dict[str, Any]) -> list[Phase]:
+    def _runtime_evidence(self, call: LlmCall, state: CallState, counters: RuntimeCounters | None,
+                          phases: list[Phase], first_token: int, attrs: dict[str, Any]) -> list[Phase]:
         """Runtime attributes, diagnosis attributes, and the synthesized runtime spans."""
         if counters is not None:
-            if counters.runtime and not call.runtime_configured:
-                call.runtime = attrs[sc.LLM_RUNTIME_NAME] = attrs[sc.GEN_AI_PROVIDER_NAME] = counters.runtime
+            if counters.runtime and not state.endpoint.configured:
+                attrs[sc.LLM_RUNTIME_NAME] = attrs[sc.GEN_AI_PROVIDER_NAME] = counters.runtime
             runtime_attributes(counters, attrs)
         streamed = bool(call.streaming and first_token)
         anchor = first_token if streamed else call.marks[HEADERS]
@@ -191,7 +202,7 @@ class Telemetry:
             unaccounted = diagnosis.unaccounted_wait((anchor - lower) * _NS, counters, streamed)
             if unaccounted is not None:
                 attrs[sc.LLM_DIAGNOSIS_UNACCOUNTED_WAIT] = unaccounted
-        admission = call.admission
+        admission = state.admission
         cold = diagnosis.cold_start(counters, admission.after_unload)
         if cold is not None:
             attrs[sc.LLM_DIAGNOSIS_COLD_START] = cold
@@ -257,30 +268,21 @@ def _unloads(info: Any) -> bool:
 def _phase_attributes(call: LlmCall, phase: Phase) -> dict[str, Any] | None:
     if phase.name in _SYNTHESIZED_NAMES:
         return _SYNTHESIZED
-    if phase.name == sc.SPAN_TLS and call.tls_stream is not None:
-        return _tls_attributes(call.tls_stream)
+    if phase.name == sc.SPAN_TLS and call.tls is not None:
+        return _tls_attributes(call.tls)
     if phase.name == sc.SPAN_DNS:
-        return {sc.DNS_QUESTION_NAME: call.url.host}
+        return {sc.DNS_QUESTION_NAME: call.request.host}
     return None
 
 
-def _tls_attributes(stream: Any) -> dict[str, Any]:
+def _tls_attributes(tls: TlsInfo) -> dict[str, Any]:
     attrs: dict[str, Any] = {}
-    try:
-        ssl_object = stream.get_extra_info("ssl_object")
-        if ssl_object is None:
-            return attrs
-        version = ssl_object.version()
-        if version:
-            attrs[sc.TLS_PROTOCOL_VERSION] = version
-        cipher = ssl_object.cipher()
-        if cipher:
-            attrs[sc.TLS_CIPHER] = cipher[0]
-        alpn = ssl_object.selected_alpn_protocol()
-        if alpn:
-            attrs[sc.TLS_NEXT_PROTOCOL] = alpn
-    except Exception:
-        log_once("reading TLS details failed")
+    if tls.version:
+        attrs[sc.TLS_PROTOCOL_VERSION] = tls.version
+    if tls.cipher:
+        attrs[sc.TLS_CIPHER] = tls.cipher
+    if tls.alpn:
+        attrs[sc.TLS_NEXT_PROTOCOL] = tls.alpn
     return attrs
 
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from otel_llm import semconv as sc
 
 if TYPE_CHECKING:
-    from otel_llm.build.phases import Phase
+    from otel_llm.telemetry.phases import Phase
     from otel_llm.parse.framing import StreamScanner
     from otel_llm.parse.runtimes import RuntimeCounters
 

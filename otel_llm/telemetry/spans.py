@@ -21,7 +21,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 if TYPE_CHECKING:
-    from otel_llm.build.phases import Phase
+    from otel_llm.telemetry.phases import Phase
     from otel_llm.capture.call import LlmCall
 
 PhaseAttributes = Mapping[str, Any] | None

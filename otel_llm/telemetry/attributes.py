@@ -12,6 +12,7 @@ from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
 from otel_llm import semconv as sc
 
 if TYPE_CHECKING:
+    from otel_llm.capture.call import CallRequest
     from otel_llm.parse.request import RequestInfo
     from otel_llm.parse.response import ResponseInfo
     from otel_llm.parse.routes import Route
@@ -78,18 +79,18 @@ def _utf8(text: str) -> str:
     return text.encode("utf-8", "replace").decode("utf-8")
 
 
-def endpoint_attributes(route: Route, method: str, url: Any, runtime: str | None,
+def endpoint_attributes(route: Route, request: CallRequest, runtime: str | None,
                         provider: str) -> dict[str, Any]:
     """Attributes that depend only on where the call goes (cached per URL by the caller)."""
     attrs: dict[str, Any] = {
         sc.GEN_AI_OPERATION_NAME: route.operation,
         sc.GEN_AI_PROVIDER_NAME: provider,
         sc.LLM_API: route.api,
-        sc.HTTP_REQUEST_METHOD: method,
-        sc.SERVER_ADDRESS: url.host,
-        sc.URL_FULL: sanitize_url(str(url)),
+        sc.HTTP_REQUEST_METHOD: request.method,
+        sc.SERVER_ADDRESS: request.host,
+        sc.URL_FULL: sanitize_url(request.url),
     }
-    _put(attrs, sc.SERVER_PORT, url.port or (443 if url.scheme == "https" else 80))
+    _put(attrs, sc.SERVER_PORT, request.port or (443 if request.scheme == "https" else 80))
     _put(attrs, sc.LLM_RUNTIME_NAME, runtime)
     return attrs
 

@@ -12,7 +12,7 @@ from opentelemetry.trace import SpanContext
 from opentelemetry.metrics import MeterProvider, Observation
 
 from otel_llm import semconv as sc
-from otel_llm.build.inflight import InFlight
+from otel_llm.telemetry.inflight import InFlight
 from otel_llm.version import __version__
 
 if TYPE_CHECKING:
