@@ -15,15 +15,16 @@ from wrapt import wrap_function_wrapper
 
 from otel_llm._log import logger
 from otel_llm.telemetry.calls import CallSettings, Telemetry
-from otel_llm.capture import hooks, httpcore
-from otel_llm.capture.hooks import Patch
+from otel_llm.capture import aiohttp, hooks, httpcore, urllib3
+from otel_llm.capture.hooks import ClassAttribute, Patch
 from otel_llm.config import Options, resolve
 from otel_llm.export.providers import Providers, build_providers
 from otel_llm.observers.manager import Observers
 from otel_llm.package import _instruments
 
 # one module per HTTP stack, each with ``patches(get_sink) -> list[Patch]``
-_ADAPTERS = (httpcore,)
+_ADAPTERS = (httpcore, aiohttp, urllib3)
+_MISSING = object()
 
 _telemetry: Telemetry | None = None
 
@@ -87,6 +88,7 @@ class OtelLlmInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     _providers: Providers | None = None
     _observers: Observers | None = None
     _patched: list[tuple[Any, str]] = []
+    _replaced: list[tuple[Any, str, Any]] = []
 
     def instrumentation_dependencies(self) -> Collection[str]:
         return _instruments
@@ -100,6 +102,7 @@ class OtelLlmInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         _telemetry = Telemetry(providers.tracer_provider, providers.meter_provider, settings, self._observers)
         self._providers = providers
         self._patched = []
+        self._replaced = []
         for adapter in _ADAPTERS:
             for patch in adapter.patches(current_telemetry):
                 self._install(patch)
@@ -108,12 +111,21 @@ class OtelLlmInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         atexit.register(_at_exit)
         logger.debug("otel_llm: instrumented (%s)", providers.description)
 
-    def _install(self, patch: Patch) -> None:
-        owner_name, _, method = patch.target.partition(".")
-        owner = getattr(patch.module, owner_name, None) if patch.module is not None else None
-        if owner is None:
+    def _install(self, patch: Patch | ClassAttribute) -> None:
+        """Install one hook; one whose library, class or method is missing (another version of
+        the library) is skipped: that stack is then traced with less detail, never broken."""
+        if patch.module is None:
             return
-        self._patched.append((owner, method))
+        owner_name, _, name = patch.target.rpartition(".")
+        owner = getattr(patch.module, owner_name, None) if owner_name else patch.module
+        if owner is None or (isinstance(patch, Patch) and not hasattr(owner, name)):
+            logger.debug("otel_llm: %s.%s not found, not hooked", patch.module.__name__, patch.target)
+            return
+        if isinstance(patch, ClassAttribute):
+            self._replaced.append((owner, name, owner.__dict__.get(name, _MISSING)))
+            setattr(owner, name, patch.value)
+            return
+        self._patched.append((owner, name))
         patch.wrapper._otel_llm_hook = True  # type: ignore[attr-defined]
         wrap_function_wrapper(patch.module, patch.target, patch.wrapper)
 
@@ -123,6 +135,12 @@ class OtelLlmInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         for owner, method in self._patched:
             _remove_layer(owner, method)
         self._patched = []
+        for owner, name, previous in reversed(self._replaced):
+            if previous is _MISSING:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, previous)
+        self._replaced = []
         _telemetry = None
         if self._observers is not None:
             self._observers.stop()

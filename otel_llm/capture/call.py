@@ -170,6 +170,16 @@ class LlmCall:
         self.marks[CONNECT_END] = perf_ns()
         self.peer = peer
 
+    def set_peer(self, peer: tuple[str, int] | None) -> None:
+        """The connected address, for stacks that expose it only once the response starts."""
+        if peer is not None:
+            self.peer = peer
+
+    def tls_info(self, version: str | None, cipher: str | None, alpn: str | None) -> None:
+        """TLS details from a stack whose connect step includes the handshake (no TLS phase)."""
+        if self.tls is None:
+            self.tls = TlsInfo(version, cipher, alpn)
+
     def tls_started(self) -> None:
         self.marks[TLS_START] = perf_ns()
 

@@ -16,7 +16,7 @@ from typing import Any, Callable, NamedTuple
 
 from otel_llm.capture.call import END_GC, CallSink, LlmCall, perf_ns
 
-__all__ = ["Patch", "SinkGetter", "flush_collected", "optional_module", "start_reaper", "watch"]
+__all__ = ["ClassAttribute", "Patch", "SinkGetter", "flush_collected", "optional_module", "start_reaper", "watch"]
 
 SinkGetter = Callable[[], "CallSink | None"]
 
@@ -27,6 +27,14 @@ class Patch(NamedTuple):
     module: ModuleType | None  # None: the library is not installed, nothing to patch
     target: str  # "Class.method"
     wrapper: Callable[..., Any]
+
+
+class ClassAttribute(NamedTuple):
+    """A class attribute an adapter sets while instrumented (restored, or removed, after)."""
+
+    module: ModuleType | None
+    target: str  # "Class.attribute"
+    value: Any
 
 
 def optional_module(name: str) -> ModuleType | None:

@@ -22,8 +22,8 @@ from otel_llm.telemetry.spans import CallSpan, make_sink
 from otel_llm.telemetry.inflight import Admission, InFlight
 from otel_llm.telemetry.runtime import runtime_attributes, synthesized_spans
 from otel_llm.capture.call import (
-    BODY_SENT, CONNECT_START, END_CANCELLED, END_ERROR, END_EXIT, HEADERS, UPLOAD_START, CallRequest, LlmCall,
-    TlsInfo,
+    BODY_SENT, CONNECT_START, END_CANCELLED, END_ERROR, END_EXIT, HEADERS, TLS_START, UPLOAD_START, CallRequest,
+    LlmCall, TlsInfo,
 )
 from otel_llm.parse.content import stream_text
 from otel_llm.parse.formats import NDJSON
@@ -268,8 +268,9 @@ def _unloads(info: Any) -> bool:
 def _phase_attributes(call: LlmCall, phase: Phase) -> dict[str, Any] | None:
     if phase.name in _SYNTHESIZED_NAMES:
         return _SYNTHESIZED
-    if phase.name == sc.SPAN_TLS and call.tls is not None:
-        return _tls_attributes(call.tls)
+    if call.tls is not None and (phase.name == sc.SPAN_TLS or (phase.name == sc.SPAN_CONNECT
+                                                                and not call.marks[TLS_START])):
+        return _tls_attributes(call.tls)  # a connect step that includes the handshake carries it
     if phase.name == sc.SPAN_DNS:
         return {sc.DNS_QUESTION_NAME: call.request.host}
     return None

@@ -1,0 +1,262 @@
+"""Adapter for urllib3 2.x, and so for ``requests`` (and every library built on either).
+
+urllib3 has no tracing hooks; these class-level wrappers give the phases (all sync, on one
+thread, so the hooks deeper in the stack find the call in ``CURRENT_CALL``):
+
+* ``HTTPConnectionPool.urlopen``: one path check; for a model call, a copy of the headers with
+  the trace context (the application's own headers object is not touched), then the call is the
+  current one until ``urlopen`` returns (nested retries belong to it).
+* ``HTTPConnectionPool._get_conn`` (a real wait for a connection of a full, blocking pool),
+  ``HTTPConnection._new_conn`` (TCP connect; DNS is timed apart in ``create_connection``, which
+  resolves first and then connects to each address in order, as urllib3 does),
+  ``_ssl_wrap_socket_and_match_hostname`` (the TLS handshake), ``HTTPConnection.request``
+  (headers and body written; plain HTTP connects lazily inside it) and http.client's
+  ``getresponse`` (the head arrived, before urllib3 may preload the body).
+* ``HTTPResponse._raw_read`` and ``_handle_chunk``: every body read ends in one of them, with
+  the bytes as they came off the wire (decoded for parsing only), as the application pulls them
+  (``iter_content``, ``iter_lines``, ``raw.read``, ``stream``, ``.content``).
+* ``HTTPResponse.release_conn`` (urllib3 calls it at the end of the body) and ``close`` (the
+  application's early close, or the response's collection: urllib3 responses close in ``__del__``).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import socket
+import weakref
+from typing import Any, Callable
+
+from otel_llm._log import log_once
+from otel_llm.capture.call import CURRENT_CALL, END_CLOSED, END_EOF, CallRequest, LlmCall, perf_ns
+from otel_llm.capture.hooks import Patch, SinkGetter, optional_module
+from otel_llm.capture.httpcore_dns import is_ip
+
+__all__ = ["patches"]
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+_RESPONSES: weakref.WeakKeyDictionary[Any, LlmCall] = weakref.WeakKeyDictionary()
+_URLOPEN_ARGS = ("method", "url", "body", "headers", "retries", "redirect", "assert_same_host", "timeout",
+                 "pool_timeout", "release_conn", "chunked", "body_pos", "preload_content", "decode_content")
+
+
+def _body(body: Any) -> bytes | None:
+    if body is None:
+        return b""
+    if isinstance(body, (bytes, bytearray, memoryview)):
+        return bytes(body)
+    if isinstance(body, str):
+        return body.encode("utf-8")
+    return None  # a file or an iterable: a streamed upload
+
+
+def _open(sink: Any, pool: Any, path_and_query: str, args: Any, kwargs: dict[str, Any],
+          header_dict: type) -> LlmCall | None:
+    """A new call with its own copy of the headers (in ``kwargs``), or None: not a model call."""
+    path = path_and_query.split("?", 1)[0]
+    route = sink.route(path)
+    if route is None:
+        return None
+    named = dict(zip(_URLOPEN_ARGS, args))
+    named.update(kwargs)
+    headers = header_dict(named.get("headers") or pool.headers)
+    port = pool.port if pool.port != _DEFAULT_PORTS.get(pool.scheme) else None
+    host = pool.host
+    netloc = f"[{host}]" if ":" in host else host
+    url = f"{pool.scheme}://{netloc}{f':{port}' if port else ''}{path_and_query}"
+    request = CallRequest(str(named.get("method", "GET")).upper(), pool.scheme, host, port, path, url, headers,
+                          _body(named.get("body")))
+    call = LlmCall.open(sink, route, request)
+    kwargs.update({k: v for k, v in named.items() if k not in kwargs})
+    kwargs["headers"] = headers
+    return call
+
+
+def _urlopen_wrapper(get_sink: SinkGetter, header_dict: type) -> Callable[..., Any]:
+    def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        sink = get_sink()
+        if sink is None or CURRENT_CALL.get() is not None:  # a retry inside the call's own urlopen
+            return wrapped(*args, **kwargs)
+        call = None
+        try:
+            target = args[1] if len(args) > 1 else kwargs.get("url")
+            if isinstance(target, str):
+                call = _open(sink, instance, target, args, kwargs, header_dict)
+        except Exception:
+            log_once("starting a model-call trace failed")
+        if call is None:
+            return wrapped(*args, **kwargs)
+        token = CURRENT_CALL.set(call)
+        try:
+            response = wrapped(**kwargs)
+        except BaseException as exc:
+            call.finish_from_exception(exc)
+            raise
+        finally:
+            CURRENT_CALL.reset(token)
+        if not call.finished:
+            _RESPONSES[response] = call
+        return response
+
+    return wrapper
+
+
+def _timed(before: Callable[[LlmCall], None] | None, after: Callable[[LlmCall, Any], None]) -> Callable[..., Any]:
+    """A wrapper that reports to the current call around the wrapped method, and does nothing
+    outside model calls."""
+
+    def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        call = CURRENT_CALL.get()
+        if call is None:
+            return wrapped(*args, **kwargs)
+        if before is not None:
+            before(call)
+        result = wrapped(*args, **kwargs)
+        after(call, result)
+        return result
+
+    return wrapper
+
+
+def _peer(sock: Any) -> tuple[str, int] | None:
+    try:
+        address = sock.getpeername()
+        return (str(address[0]), int(address[1]))
+    except Exception:
+        return None
+
+
+def _tls_done(call: LlmCall, wrapped: Any) -> None:
+    try:
+        ssl_socket = wrapped.socket
+        cipher = ssl_socket.cipher()
+        call.tls_done(ssl_socket.version(), cipher[0] if cipher else None, ssl_socket.selected_alpn_protocol())
+    except Exception:
+        call.tls_done(None, None, None)
+
+
+def _head(call: LlmCall, response: Any) -> None:
+    """http.client parsed the head (urllib3 builds its response, and may read the body, next)."""
+    version = getattr(response, "version", None)
+    call.headers_received({10: "1.0", 11: "1.1"}.get(version) if isinstance(version, int) else None)
+    call.response_started(response.status, response.msg)
+
+
+def _pool_wait(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    """``_get_conn``: timed only when it will block (a full pool in blocking mode)."""
+    call = CURRENT_CALL.get()
+    pool = instance.pool
+    if call is None or not instance.block or pool is None or pool.qsize():
+        return wrapped(*args, **kwargs)
+    start = perf_ns()
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        call.pool_wait(start, perf_ns())
+
+
+def _create_connection(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    """Resolve on its own (timed as DNS), then connect to each address in order."""
+    call = CURRENT_CALL.get()
+    address = args[0] if args else kwargs.get("address")
+    if call is None or not isinstance(address, tuple):
+        return wrapped(*args, **kwargs)
+    host, port = address
+    host = host.strip("[]")
+    if is_ip(host):
+        return wrapped(*args, **kwargs)
+    util = optional_module("urllib3.util.connection")
+    family = util.allowed_gai_family() if util is not None else socket.AF_UNSPEC
+    call.dns_started()
+    infos = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)  # a failure ends the call in DNS
+    call.dns_done()
+    rest = args[1:]
+    error: OSError | None = None
+    for ip in dict.fromkeys(info[4][0] for info in infos):
+        try:
+            return wrapped((ip, port), *rest, **{k: v for k, v in kwargs.items() if k != "address"})
+        except OSError as exc:
+            error = exc
+    raise error or OSError(f"getaddrinfo returned no address for {host}")
+
+
+def _call_of(response: Any) -> LlmCall | None:
+    call = _RESPONSES.get(response)
+    return call if call is not None else CURRENT_CALL.get()  # a body preloaded inside urlopen
+
+
+# the response whose body a wrapped read is reading on this thread: urllib3 releases the
+# connection at the end of the body inside that read, before the read has returned its bytes
+_IN_READ: contextvars.ContextVar[Any] = contextvars.ContextVar("otel_llm_urllib3_read", default=None)
+
+
+def _reading(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    """``_raw_read`` / ``_handle_chunk``: the wire bytes of the body, as the application pulls them."""
+    call = _call_of(instance)
+    if call is None or call.finished:
+        return wrapped(*args, **kwargs)
+    token = _IN_READ.set(instance)
+    try:
+        data = wrapped(*args, **kwargs)
+    except BaseException as exc:
+        call.finish_from_exception(exc)
+        raise
+    finally:
+        _IN_READ.reset(token)
+    if data:
+        call.chunk(data)
+    if _at_end(instance) or (not data and _asked_for_bytes(args, kwargs)):
+        call.finish(END_EOF)
+    return data
+
+
+def _asked_for_bytes(args: Any, kwargs: Any) -> bool:
+    amount = args[0] if args else kwargs.get("amt")
+    return amount is None or amount > 0
+
+
+def _at_end(response: Any) -> bool:
+    """The whole body came in (the last chunk, or all of a Content-Length). A close-delimited
+    body's end is seen by the read that returns nothing."""
+    if getattr(response, "chunked", False):
+        return getattr(response, "chunk_left", None) == 0
+    remaining = getattr(response, "length_remaining", None)
+    return remaining is not None and remaining <= 0
+
+
+def _ended(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    """``release_conn`` (urllib3 calls it at the end of the body; the application may call it
+    early) and ``close`` (an early close, or the response's collection: ``__del__`` closes it)."""
+    if _IN_READ.get() is not instance:  # else the read that got here ends the call itself
+        call = _RESPONSES.get(instance)
+        if call is None and wrapped.__name__ == "release_conn":
+            call = CURRENT_CALL.get()  # a body preloaded inside urlopen
+        if call is not None and not call.finished:
+            call.finish(END_EOF if _at_end(instance) else END_CLOSED)
+    return wrapped(*args, **kwargs)
+
+
+def patches(get_sink: SinkGetter) -> list[Patch]:
+    """The hooks, when urllib3 2.x is installed (1.x lacks the body hooks: not covered)."""
+    urllib3 = optional_module("urllib3")
+    if urllib3 is None or not str(getattr(urllib3, "__version__", "1")).startswith("2"):
+        return []
+    pool = optional_module("urllib3.connectionpool")
+    connection = optional_module("urllib3.connection")
+    response = optional_module("urllib3.response")
+    http_client = optional_module("http.client")
+    header_dict = urllib3.HTTPHeaderDict
+    return [
+        Patch(pool, "HTTPConnectionPool.urlopen", _urlopen_wrapper(get_sink, header_dict)),
+        Patch(pool, "HTTPConnectionPool._get_conn", _pool_wait),
+        Patch(connection, "HTTPConnection._new_conn",
+              _timed(LlmCall.connect_started, lambda call, sock: call.connected(_peer(sock)))),
+        Patch(optional_module("urllib3.util.connection"), "create_connection", _create_connection),
+        Patch(connection, "_ssl_wrap_socket_and_match_hostname", _timed(LlmCall.tls_started, _tls_done)),
+        Patch(connection, "HTTPConnection.request",
+              _timed(LlmCall.request_started, lambda call, result: call.request_sent())),
+        Patch(http_client, "HTTPConnection.getresponse", _timed(None, _head)),
+        Patch(response, "HTTPResponse._raw_read", _reading),
+        Patch(response, "HTTPResponse._handle_chunk", _reading),
+        Patch(response, "HTTPResponse.release_conn", _ended),
+        Patch(response, "HTTPResponse.close", _ended),
+    ]
