@@ -9,7 +9,7 @@ import logging
 import signal
 import sys
 
-from .config import CONCURRENCY_MODES, FIELD_HELP, RUNTIMES, SimConfig
+from .config import COMPRESSIONS, CONCURRENCY_MODES, FIELD_HELP, RUNTIMES, SimConfig
 from .server import run_precise, running
 
 __all__ = ["add_arguments", "config_from_args", "run"]
@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=0, help="bind port; 0 picks a free one (default 0)")
     parser.add_argument("--log-level", default="warning", help="python logging level (default warning)")
     group = parser.add_argument_group("simulated runtime (see otel_llm.sim docs)")
-    choices = {"runtime": RUNTIMES, "concurrency": CONCURRENCY_MODES}
+    choices = {"runtime": RUNTIMES, "concurrency": CONCURRENCY_MODES, "compression": COMPRESSIONS}
     for field in dataclasses.fields(SimConfig):
         flag = "--" + field.name.replace("_", "-")
         help_text = f"{FIELD_HELP[field.name]} (default {field.default!r})"

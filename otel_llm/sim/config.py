@@ -7,10 +7,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CONCURRENCY_MODES", "FIELD_HELP", "HEADER_PREFIX", "RUNTIMES", "SimConfig"]
+__all__ = ["COMPRESSIONS", "CONCURRENCY_MODES", "FIELD_HELP", "HEADER_PREFIX", "RUNTIMES", "SimConfig"]
 
 RUNTIMES = ("vllm", "llama.cpp", "ollama", "tgi", "sglang", "lmstudio", "openai")
 CONCURRENCY_MODES = ("parallel", "serialized")
+COMPRESSIONS = ("off", "gzip", "deflate")
 HEADER_PREFIX = "x-sim-"
 
 FIELD_HELP = {
@@ -30,6 +31,8 @@ FIELD_HELP = {
     "runtime": "flavour of the OpenAI-compatible routes and of /generate: " + ", ".join(RUNTIMES),
     "model": "model name listed and used when a request names none",
     "cached_tokens": "prompt tokens reported as served from the prefix cache",
+    "compression": "Content-Encoding of generation answers when the client accepts it (each streamed "
+                   "chunk flushed): " + ", ".join(COMPRESSIONS),
 }
 
 _OFF = ("", "off", "none", "null", "false")
@@ -57,6 +60,7 @@ class SimConfig:
     runtime: str = "vllm"
     model: str = "sim-model"
     cached_tokens: int = 0
+    compression: str = "off"
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -67,6 +71,8 @@ class SimConfig:
             raise ValueError(f"runtime must be one of {RUNTIMES}, got {self.runtime!r}")
         if self.concurrency not in CONCURRENCY_MODES:
             raise ValueError(f"concurrency must be one of {CONCURRENCY_MODES}, got {self.concurrency!r}")
+        if self.compression not in COMPRESSIONS:
+            raise ValueError(f"compression must be one of {COMPRESSIONS}, got {self.compression!r}")
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:

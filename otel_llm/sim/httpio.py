@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import socket
+import zlib
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
@@ -108,6 +109,16 @@ class Responder:
         self.keep_alive = keep_alive
         self.head_only = head_only
         self.started = False
+        self.encoding = ""  # "gzip" or "deflate": the body is sent compressed (set per answer)
+
+    def compressor(self) -> Any:
+        """A compressor for this answer's body, or None (zlib: gzip or zlib-wrapped deflate)."""
+        if not self.encoding:
+            return None
+        return zlib.compressobj(6, zlib.DEFLATED, zlib.MAX_WBITS | 16 if self.encoding == "gzip" else zlib.MAX_WBITS)
+
+    def _encoding_headers(self) -> dict[str, str]:
+        return {"Content-Encoding": self.encoding, "Vary": "Accept-Encoding"} if self.encoding else {}
 
     def _base_headers(self) -> dict[str, str]:
         return {"Server": "otel-llm-sim", "Connection": "keep-alive" if self.keep_alive else "close"}
@@ -123,7 +134,11 @@ class Responder:
 
     async def send(self, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
         """A complete response with Content-Length."""
-        all_headers = {**self._base_headers(), "Content-Type": content_type, "Content-Length": str(len(body))}
+        compressor = self.compressor()
+        if compressor is not None:
+            body = compressor.compress(body) + compressor.flush()
+        all_headers = {**self._base_headers(), **self._encoding_headers(), "Content-Type": content_type,
+                       "Content-Length": str(len(body))}
         all_headers.update(headers or {})
         self.started = True
         await self.write(_head(status, all_headers) + (b"" if self.head_only else body))
@@ -135,11 +150,12 @@ class Responder:
     async def start_stream(
         self, status: int, content_type: str, headers: dict[str, str], buffer: BufferPolicy | None
     ) -> ChunkedStream:
-        all_headers = {**self._base_headers(), "Content-Type": content_type, "Transfer-Encoding": "chunked"}
+        all_headers = {**self._base_headers(), **self._encoding_headers(), "Content-Type": content_type,
+                       "Transfer-Encoding": "chunked"}
         all_headers.update(headers)
         self.started = True
         await self.write(_head(status, all_headers))
-        return ChunkedStream(self, buffer)
+        return ChunkedStream(self, buffer, self.compressor())
 
     def abort(self) -> None:
         """Close (FIN) without finishing the response, like a runtime worker that died mid-answer."""
@@ -161,6 +177,7 @@ class ChunkedStream:
 
     responder: Responder
     buffer: BufferPolicy | None
+    compressor: Any = None  # each write is flushed (Z_SYNC_FLUSH): a client can decode it at once
     _held: list[bytes] = field(default_factory=list)
     _ticker: asyncio.Task[None] | None = None
 
@@ -183,7 +200,8 @@ class ChunkedStream:
     async def finish(self) -> None:
         self._stop_ticker()
         await self.flush()
-        await self.responder.write(b"0\r\n\r\n")
+        tail = self.compressor.flush() if self.compressor is not None else b""
+        await self.responder.write((b"%x\r\n%s\r\n" % (len(tail), tail) if tail else b"") + b"0\r\n\r\n")
 
     async def abort(self) -> None:
         """Deliver what was sent so far, then drop the connection."""
@@ -193,6 +211,9 @@ class ChunkedStream:
 
     async def _write(self, frames: list[bytes]) -> None:
         # One write per batch: each frame becomes a chunk, all leave in one segment (TCP_NODELAY).
+        # Compressed, the batch is one chunk of whatever the compressor flushed for it.
+        if self.compressor is not None:
+            frames = [self.compressor.compress(b"".join(frames)) + self.compressor.flush(zlib.Z_SYNC_FLUSH)]
         data = b"".join(b"%x\r\n%s\r\n" % (len(frame), frame) for frame in frames if frame)
         if data:
             await self.responder.write(data)

@@ -108,9 +108,18 @@ async def _generation(state: SimState, request: Request, responder: Responder) -
     if request.path in _OLLAMA_NATIVE and _is_lifecycle(request.path, body):
         await _ollama_lifecycle(state, request.path, wire, responder)
         return
+    responder.encoding = _negotiated(cfg.compression, request.headers.get("accept-encoding", ""))
     await generate(state, responder, wire)
     if request.path in _OLLAMA_NATIVE and ollama.unloads_after(body):
         state.unload()
+
+
+def _negotiated(compression: str, accept: str) -> str:
+    """The configured Content-Encoding if the client accepts it (as a real server decides)."""
+    if compression == "off":
+        return ""
+    accepted = {part.split(";")[0].strip().lower() for part in accept.split(",")}
+    return compression if compression in accepted or "*" in accepted else ""
 
 
 def _is_lifecycle(path: str, body: dict[str, Any]) -> bool:
