@@ -1,7 +1,7 @@
 """otel_llm: OpenTelemetry traces that show where the time of every model call went.
 
     import otel_llm
-    otel_llm.instrument()   # every model call made through httpx / httpx2 is now traced
+    otel_llm.instrument()   # every model call (httpx, httpx2, aiohttp, requests) is now traced
 """
 
 from __future__ import annotations

@@ -17,13 +17,13 @@ from typing import Any, Callable
 
 OPENAI, OLLAMA = "openai", "ollama"  # the API a case speaks: OpenAI chat or Ollama /api/chat
 
-# phases seen on a plain-HTTP call (first call on a new connection, then reused ones), by
-# transport; TLS and pool waits are checked per transport in their own tests
-PHASES = ("DNS", "connect", "upload", "server wait", "first token", "decode")
-TRANSPORT_EXTRAS = {
-    "httpcore": "TLS, pool wait",
-    "aiohttp": "TLS inside connect, pool wait",
-    "urllib3": "TLS, pool wait",
+# The phases each transport gives a call. The matrix test checks the plain-HTTP ones for every
+# case (DNS, connect, upload, server wait, first token, decode); tests/test_transports.py and
+# tests/test_tls.py the TLS and pool-wait ones per transport.
+TRANSPORT_PHASES = {
+    "httpcore": "pool wait, DNS, connect, TLS, upload, server wait, first token, decode",
+    "aiohttp": "pool wait, DNS, connect (TLS inside it), upload, server wait, first token, decode",
+    "urllib3": "pool wait, DNS, connect, TLS, upload, server wait, first token, decode",
 }
 
 Driver = Callable[[str, str, bool, int], str]  # (server base URL, model, streamed, max tokens) -> text
@@ -34,7 +34,7 @@ class Case:
     id: str
     label: str  # the README's first column
     packages: tuple[str, ...]  # distributions whose installed versions the README names
-    transport: str  # a key of TRANSPORT_EXTRAS
+    transport: str  # a key of TRANSPORT_PHASES
     underneath: str  # the README's words for the transport
     api: str
     drive: Driver
@@ -43,8 +43,7 @@ class Case:
         return ", ".join(f"{name} {version(name)}" for name in self.packages)
 
     def readme_row(self) -> str:
-        phases = ", ".join(PHASES) + "; " + TRANSPORT_EXTRAS[self.transport]
-        return f"| {self.label} | {self.versions()} | {self.underneath} | {phases} |"
+        return f"| {self.label} | {self.versions()} | {self.underneath} | {TRANSPORT_PHASES[self.transport]} |"
 
 
 MESSAGES = [{"role": "user", "content": "Say hi."}]
@@ -211,6 +210,22 @@ def _httpx_async(base: str, model: str, streamed: bool, max_tokens: int) -> str:
     return asyncio.run(run())
 
 
+def _httpx_aiohttp(base: str, model: str, streamed: bool, max_tokens: int) -> str:
+    import httpx
+    import httpx_aiohttp
+
+    async def run() -> str:
+        async with httpx.AsyncClient(transport=httpx_aiohttp.AiohttpTransport(), timeout=30) as client:
+            body = _body(model, streamed, max_tokens)
+            if not streamed:
+                response = await client.post(f"{base}/v1/chat/completions", json=body)
+                return response.json()["choices"][0]["message"]["content"]
+            async with client.stream("POST", f"{base}/v1/chat/completions", json=body) as response:
+                return _sse_text([line async for line in response.aiter_lines()])
+
+    return asyncio.run(run())
+
+
 def _aiohttp(base: str, model: str, streamed: bool, max_tokens: int) -> str:
     import aiohttp
 
@@ -268,6 +283,8 @@ CASES = (
     Case("httpx", "httpx `Client`", ("httpx",), "httpcore", "httpcore", OPENAI, _httpx_sync("httpx")),
     Case("httpx-async", "httpx `AsyncClient`", ("httpx",), "httpcore", "httpcore (anyio)", OPENAI, _httpx_async),
     Case("httpx2", "httpx2 `Client`", ("httpx2",), "httpcore", "httpcore2", OPENAI, _httpx_sync("httpx2")),
+    Case("httpx-aiohttp", "httpx `AsyncClient(transport=httpx_aiohttp.AiohttpTransport())`",
+         ("httpx-aiohttp", "aiohttp"), "aiohttp", "aiohttp", OPENAI, _httpx_aiohttp),
     Case("aiohttp", "aiohttp `ClientSession`", ("aiohttp",), "aiohttp", "aiohttp", OPENAI, _aiohttp),
     Case("requests", "requests", ("requests", "urllib3"), "urllib3", "urllib3", OPENAI, _requests),
     Case("urllib3", "urllib3 `PoolManager`", ("urllib3",), "urllib3", "urllib3", OPENAI, _urllib3),

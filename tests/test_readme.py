@@ -15,6 +15,16 @@ def test_runtime_table_matches_the_adapters() -> None:
         assert f"| {runtime} | {source} |" in README, runtime
 
 
+def test_clients_table_is_the_client_matrix() -> None:
+    """Each client the matrix test drives has its row, with the versions installed for the tests."""
+    from tests.clients import CASES
+
+    rows = [line for line in README.splitlines() if line.startswith("| ") and "|---" not in line]
+    start = rows.index("| client | version tested | transport underneath | phases seen |")
+    table = rows[start + 1: start + 1 + len(CASES)]
+    assert table == [case.readme_row() for case in CASES]
+
+
 def test_every_option_and_variable_is_documented() -> None:
     for option, variable in ENV_VARS.items():
         assert f"| `{option}` | `{variable}`" in README, option

@@ -204,14 +204,26 @@ def _reading(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         _IN_READ.reset(token)
     if data:
         call.chunk(data)
-    if _at_end(instance) or (not data and _asked_for_bytes(args, kwargs)):
+    # a read that returned normally with the body closed under it reached the end (http.client
+    # closes a close-delimited body at EOF)
+    if _at_end(instance) or instance.isclosed():
         call.finish(END_EOF)
     return data
 
 
-def _asked_for_bytes(args: Any, kwargs: Any) -> bool:
-    amount = args[0] if args else kwargs.get("amt")
-    return amount is None or amount > 0
+def _chunk_length(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    """``_update_chunk_length``: a body cut short fails here (after urllib3 closed the response)."""
+    call = _call_of(instance)
+    if call is None or call.finished:
+        return wrapped(*args, **kwargs)
+    token = _IN_READ.set(instance)
+    try:
+        return wrapped(*args, **kwargs)
+    except BaseException as exc:
+        call.finish_from_exception(exc)
+        raise
+    finally:
+        _IN_READ.reset(token)
 
 
 def _at_end(response: Any) -> bool:
@@ -257,6 +269,7 @@ def patches(get_sink: SinkGetter) -> list[Patch]:
         Patch(http_client, "HTTPConnection.getresponse", _timed(None, _head)),
         Patch(response, "HTTPResponse._raw_read", _reading),
         Patch(response, "HTTPResponse._handle_chunk", _reading),
+        Patch(response, "HTTPResponse._update_chunk_length", _chunk_length),
         Patch(response, "HTTPResponse.release_conn", _ended),
         Patch(response, "HTTPResponse.close", _ended),
     ]
