@@ -1,0 +1,165 @@
+"""Instructions otel_llm adds per model call and per streamed call, counted by callgrind.
+
+Wall-clock CPU on a shared virtual machine cannot resolve a few microseconds; instruction counts
+can: callgrind gives the same total twice for the same interpreter and inputs, whatever else the
+machine does. Each (stack, configuration, workload) runs in a child process under
+``valgrind --tool=callgrind --separate-threads=yes`` twice, with N and 2N calls after the same
+warm-up; the difference of the two totals (every thread summed), divided by N, is the cost of
+one call, start-up and imports cancelling out. The simulator answers from another process, not
+counted. Observers are off: their timer-driven threads would count more the slower callgrind
+makes the run. Spans go through a BatchSpanProcessor to a no-op exporter, metrics to an SDK
+MeterProvider, as in ``overhead.py``.
+
+    python benchmarks/instructions.py [--stacks httpx,aiohttp,requests] [--calls 30] [--streams 6] [--tokens 256]
+
+Twelve child processes per stack, each about a minute. Needs valgrind. Per chunk is the slope
+between a 16-token and a ``--tokens`` stream (the simulator sends one network chunk per token).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+STACKS = ("httpx", "aiohttp", "requests")
+SHORT = 16
+_TOTAL = re.compile(r"^summary:\s+(\d+)", re.M)
+
+CHILD = r'''
+import asyncio, json, sys
+config, stack, count, tokens, url = sys.argv[1:6]
+count, tokens = int(count), int(tokens)  # tokens 0: a non-streamed call
+body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+body = {**body, "stream": True, "max_tokens": tokens} if tokens else {**body, "max_tokens": 16}
+if config == "otel_llm":
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+    import otel_llm
+    class Noop(SpanExporter):
+        def export(self, spans): return SpanExportResult.SUCCESS
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(BatchSpanProcessor(Noop()))
+    otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=MeterProvider(metric_readers=[InMemoryMetricReader()]),
+                        host_metrics=False, gpu_metrics=False, runtime_metrics=False)
+if stack == "httpx":
+    import httpx
+    client = httpx.Client()
+    def one():
+        with client.stream("POST", url, json=body) as response:
+            for _ in response.iter_raw():
+                pass
+    def run(n):
+        for _ in range(n):
+            one()
+elif stack == "requests":
+    import requests
+    session = requests.Session()
+    def run(n):
+        for _ in range(n):
+            with session.post(url, json=body, stream=True) as response:
+                for _ in response.iter_content(None):
+                    pass
+else:
+    import aiohttp
+    async def block(n):
+        async with aiohttp.ClientSession() as session:
+            for _ in range(n):
+                async with session.post(url, json=body) as response:
+                    async for _ in response.content.iter_any():
+                        pass
+    loop = asyncio.new_event_loop()
+    def run(n):
+        loop.run_until_complete(block(n))
+run(3)
+run(count)
+if config == "otel_llm":
+    tracer_provider.force_flush()
+    otel_llm.uninstrument()
+'''
+
+
+SOURCE = ROOT  # the otel_llm the children import (--source: compare two checkouts)
+
+
+def _instructions(valgrind: str, args: list[str], workdir: Path) -> int:
+    for old in workdir.glob("callgrind.out*"):
+        old.unlink()
+    env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(SOURCE)}
+    command = [valgrind, "--tool=callgrind", "--separate-threads=yes",
+               f"--callgrind-out-file={workdir}/callgrind.out", sys.executable, "-c", CHILD, *args]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=3600)
+    if result.returncode != 0:
+        raise SystemExit(f"child failed ({' '.join(args)}):\n{result.stderr[-3000:]}")
+    totals = [int(m) for path in workdir.glob("callgrind.out*") for m in _TOTAL.findall(path.read_text())]
+    if not totals:
+        raise SystemExit(f"no callgrind totals in {workdir}")
+    return sum(totals)
+
+
+def per_call(valgrind: str, config: str, stack: str, count: int, tokens: int, url: str, workdir: Path) -> float:
+    """Instructions of one call (``tokens`` 0: non-streamed): the difference between 2N and N
+    calls, over N."""
+    runs = [_instructions(valgrind, [config, stack, str(n), str(tokens), url], workdir) for n in (count, 2 * count)]
+    return (runs[1] - runs[0]) / count
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--stacks", default=",".join(STACKS))
+    parser.add_argument("--calls", type=int, default=30, help="N non-streamed calls (and 2N)")
+    parser.add_argument("--streams", type=int, default=6, help="N streamed calls (and 2N)")
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument("--source", type=Path, default=ROOT,
+                        help="checkout whose otel_llm the children import (default: this one)")
+    args = parser.parse_args(argv)
+    global SOURCE
+    SOURCE = args.source.resolve()
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        parser.error("valgrind is not installed")
+    stacks = [s.strip() for s in args.stacks.split(",") if s.strip()]
+    if not stacks or set(stacks) - set(STACKS):
+        parser.error(f"stacks must be among {', '.join(STACKS)}")
+    from otel_llm.sim import SimProcess
+
+    figures: dict[str, dict[str, float]] = {}
+    with SimProcess(headers_delay=0.0, first_token_delay=0.0, token_interval=0.0, tokens=args.tokens) as sim, \
+            tempfile.TemporaryDirectory() as tmp:
+        url = f"{sim.base_url}/v1/chat/completions"
+        for stack in stacks:
+            row = {}
+            for workload, count, tokens in (("call", args.calls, 0), ("short", args.streams, SHORT),
+                                            ("long", args.streams, args.tokens)):
+                base = per_call(valgrind, "none", stack, count, tokens, url, Path(tmp))
+                ours = per_call(valgrind, "otel_llm", stack, count, tokens, url, Path(tmp))
+                row[f"{workload}_base"], row[f"{workload}_added"] = base, ours - base
+                print(f"{stack:9s} {workload:6s} client {base / 1e6:8.3f} M instructions per call, "
+                      f"otel_llm adds {(ours - base) / 1e6:7.3f} M", flush=True)
+            row["chunk_added"] = (row["long_added"] - row["short_added"]) / (args.tokens - SHORT)
+            figures[stack] = row
+    print(f"per chunk (a {args.tokens}-token stream minus a {SHORT}-token one, per token):")
+    for stack, row in figures.items():
+        line = f"  {stack:9s} {row['chunk_added'] / 1e3:8.1f} k instructions added"
+        if stack != "httpx" and "httpx" in figures:
+            reference = figures["httpx"]
+            line += (f"; vs the httpx path: per call {row['call_added'] / reference['call_added']:.2f}x, "
+                     f"per chunk {row['chunk_added'] / reference['chunk_added']:.2f}x (target <= 1.5x each)")
+        print(line)
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
