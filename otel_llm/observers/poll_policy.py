@@ -54,7 +54,7 @@ class PollPolicy:
         self._clock = clock
         self._verdicts: dict[tuple[str, int], _Verdict] = {}
         self._own_addresses: frozenset[str] | None = None
-        self._logged: set[tuple[str, int]] = set()
+        self._logged: set[tuple[str, int, bool]] = set()
 
     def pollable(self, servers: Iterable[Server]) -> list[Server]:
         """The servers that may be polled, each with the runtime to poll it as."""
@@ -111,7 +111,9 @@ class PollPolicy:
         return host.lower() in self._own_addresses
 
     def _log_verdict(self, server: Server, listener: Listener | None) -> None:
-        key = (server.host, server.port)
+        """Once per server and verdict (a runtime that starts later is logged again)."""
+        polled = listener is not None and listener.runtime is not None
+        key = (server.host, server.port, polled)
         if key in self._logged:
             return
         self._logged.add(key)
@@ -121,7 +123,8 @@ class PollPolicy:
             logger.debug("otel_llm: runtime state: polling %s, a %s process (pid %s)", address,
                          listener.runtime, pids)
         else:
-            owner = "nothing listens there" if listener is None else "its listening process is not a known runtime"
+            owner = ("nothing listens there" if listener is None
+                     else "its listening process is not a known runtime, or cannot be seen")
             logger.info("otel_llm: runtime state: not polling %s (%s); name it in the runtimes option "
                         "or set poll_runtimes=all to poll it", address, owner)
 
