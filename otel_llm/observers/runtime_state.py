@@ -343,7 +343,7 @@ class RuntimeStateObserver:
             state.retry_at[path] = math.inf
             after = "" if at_once else f" after {failures} consecutive failures"
             self._log_once((server.host, server.port, path, "stopped"),
-                           f"runtime state: {server.base_url}{path} {problem}; no longer polled{after}", level)
+                           f"runtime state: {server.base_url}{path}: {problem}; no longer polled{after}", level)
         else:
             state.retry_at[path] = self._clock() + self.interval * 2 ** (failures - 1)
 
