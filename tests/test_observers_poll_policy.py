@@ -16,21 +16,22 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 
 import otel_llm
+from otel_llm.observers import runtime_state
 from otel_llm.observers.poll_policy import POLL_ALL, POLL_CONFIGURED, POLL_LOCAL, PollPolicy
 from otel_llm.observers.processes import listening_runtimes
 from otel_llm.observers.registry import ServerRegistry
-from otel_llm.observers.runtime_state import RuntimeStateObserver
+from otel_llm.observers.runtime_state import MAX_FAILURES, RuntimeStateObserver
 from tests.conftest import make_otel
 from tests.helpers_servers import LOOPBACK, ModelServer, wait_for
 from tests.test_observers_runtime import FakeRuntime, _text, fake  # noqa: F401 (fixture)
 
 # A stand-in runtime in its own process: answers /metrics like llama-server and /api/ps like
-# Ollama, and appends the path of every request it receives to a file (one line each).
+# Ollama (with the status given), and appends the path of every request it receives to a file.
 _FAKE = r'''
 import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-log, metrics = sys.argv[1], open(sys.argv[2], "rb").read()
+log, metrics, status, port = sys.argv[1], open(sys.argv[2], "rb").read(), int(sys.argv[3]), int(sys.argv[4])
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -43,13 +44,13 @@ class Handler(BaseHTTPRequestHandler):
         with open(log, "a") as out:
             out.write(self.path + "\n")
         body = metrics if self.path == "/metrics" else b'{"models": []}'
-        self.send_response(200)
+        self.send_response(status)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
 
 
-server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
 print(server.server_address[1], flush=True)
 server.serve_forever()
 '''
@@ -58,7 +59,7 @@ server.serve_forever()
 class OtherProcess:
     """A loopback server in a subprocess; ``name`` is the executable's name /proc shows."""
 
-    def __init__(self, tmp_path: Path, name: str) -> None:
+    def __init__(self, tmp_path: Path, name: str, status: int = 200, port: int = 0) -> None:
         self.log = tmp_path / f"{name}.requests"
         self.log.touch()
         script = tmp_path / "fake_runtime.py"
@@ -69,8 +70,8 @@ class OtherProcess:
         executable = tmp_path / name
         if not executable.exists():
             executable.symlink_to(sys.executable)  # /proc/PID/comm is the name it was run by
-        self._proc = subprocess.Popen([str(executable), str(script), str(self.log), str(metrics)],
-                                      stdout=subprocess.PIPE, text=True)
+        self._proc = subprocess.Popen([str(executable), str(script), str(self.log), str(metrics), str(status),
+                                       str(port)], stdout=subprocess.PIPE, text=True)
         assert self._proc.stdout is not None
         self.port = int(self._proc.stdout.readline())
 
@@ -157,6 +158,34 @@ def test_local_runtime_process_is_polled_as_what_it_is(llama_server_process: Oth
         count = len(llama_server_process.requests())
         time.sleep(0.5)
         assert len(llama_server_process.requests()) == count
+    finally:
+        observer.stop()
+
+
+def test_restarted_runtime_is_polled_afresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A llama-server answering 500 is polled MAX_FAILURES times, then no more; a new llama-server
+    process on the same port (a restart) is a new endpoint: polled again, and it answers."""
+    monkeypatch.setattr(runtime_state, "MAX_SLEEP", 1.0)  # the poller's longest sleep (60 s)
+    (tmp_path / "first").mkdir()
+    (tmp_path / "second").mkdir()
+    failing = OtherProcess(tmp_path / "first", "llama-server", status=500)
+    registry = ServerRegistry()
+    registry.note(LOOPBACK, failing.port, None)
+    observer = _observer(registry)
+    observer.start()
+    try:
+        assert wait_for(lambda: len(failing.requests()) >= MAX_FAILURES, timeout=15)
+        time.sleep(1.0)  # past the back-off the next poll would have waited
+        assert failing.requests() == ["/metrics"] * MAX_FAILURES
+        failing.stop()
+        restarted = OtherProcess(tmp_path / "second", "llama-server", port=failing.port)
+        try:
+            # re-identified at the poller's next wake (within MAX_SLEEP)
+            assert wait_for(lambda: observer.latest_state(LOOPBACK, failing.port).get("requests.running") == 1,
+                            timeout=15)
+            assert failing.requests() == ["/metrics"] * MAX_FAILURES
+        finally:
+            restarted.stop()
     finally:
         observer.stop()
 

@@ -53,6 +53,9 @@ class PollPolicy:
         self._identify = identify
         self._clock = clock
         self._verdicts: dict[tuple[str, int], _Verdict] = {}
+        # bumped when another runtime process now listens at a server: a new endpoint in effect,
+        # so the poller starts its failure count afresh (a restarted runtime is polled again)
+        self._generations: dict[tuple[str, int], int] = {}
         self._own_addresses: frozenset[str] | None = None
         self._logged: set[tuple[str, int, bool]] = set()
 
@@ -65,6 +68,10 @@ class PollPolicy:
         if self.mode == POLL_LOCAL:
             chosen += self._local_runtimes([s for s in servers if not s.configured])
         return chosen
+
+    def generation(self, host: str, port: int) -> int:
+        """Changes whenever a different runtime process is found listening at host:port."""
+        return self._generations.get((host, port), 0)
 
     # -- local runtimes -------------------------------------------------------------------------
     def _local_runtimes(self, servers: list[Server]) -> list[Server]:
@@ -89,9 +96,13 @@ class PollPolicy:
             found = {}
         now = self._clock()
         for server in servers:
+            key = (server.host, server.port)
             listener = found.get(server.port)
             runtime = listener.runtime if listener is not None else None
-            self._verdicts[(server.host, server.port)] = _Verdict(runtime, listener, now)
+            previous = self._verdicts.get(key)
+            if runtime is not None and (previous is None or _pids(previous.listener) != _pids(listener)):
+                self._generations[key] = self._generations.get(key, 0) + 1
+            self._verdicts[key] = _Verdict(runtime, listener, now)
             self._log_verdict(server, listener)
 
     def _still_valid(self, verdict: _Verdict | None) -> bool:
@@ -127,6 +138,10 @@ class PollPolicy:
                      else "its listening process is not a known runtime, or cannot be seen")
             logger.info("otel_llm: runtime state: not polling %s (%s); name it in the runtimes option "
                         "or set poll_runtimes=all to poll it", address, owner)
+
+
+def _pids(listener: Listener | None) -> frozenset[int]:
+    return frozenset(p.pid for p in listener.processes) if listener is not None else frozenset()
 
 
 def looks_self_hosted(server: Server) -> bool:

@@ -39,7 +39,8 @@ of it waits ``interval`` seconds, then twice as long after each further consecut
 after ``MAX_FAILURES`` consecutive failures the endpoint is no longer polled, with one log line.
 A 401 or 403 stops it at once: the poller has no credentials, and an authenticating gateway must
 not be hammered. There is never an immediate retry. A success resets the count; a failed
-endpoint's series stop being reported until it answers again.
+endpoint's series stop being reported until it answers again. When the policy finds another
+runtime process listening at a server (a restarted runtime), its endpoints start afresh.
 
 The polls are not model routes, so otel_llm's own instrumentation ignores them, and they run with
 OpenTelemetry's HTTP instrumentation suppressed (no span per poll from an application's
@@ -131,6 +132,7 @@ class _State:
     latest: dict[str, Any] = field(default_factory=dict)
     retry_at: dict[str, float] = field(default_factory=dict)  # path -> monotonic time (inf: stopped)
     failures: dict[str, int] = field(default_factory=dict)  # path -> consecutive failures
+    generation: int = 0  # the policy's generation of the server when last polled
 
 
 class _NotItsFormat(Exception):
@@ -205,7 +207,7 @@ class RuntimeStateObserver:
         soonest = math.inf
         for server in self._pollable():
             state = self._states.get((server.host, server.port))
-            if state is None:
+            if state is None or state.generation != self.policy.generation(server.host, server.port):
                 return 0.0
             for path in _PATHS.get(server.runtime, (PATH_PS, PATH_METRICS)):
                 soonest = min(soonest, state.retry_at.get(path, 0.0) - now)
@@ -252,6 +254,9 @@ class RuntimeStateObserver:
         state = self._states.get(key)
         if state is None:
             state = self._states[key] = _State(runtime=server.runtime)
+        generation = self.policy.generation(*key)
+        if generation != state.generation:  # another runtime process listens there now: afresh
+            state.generation, state.retry_at, state.failures = generation, {}, {}
         if server.runtime is not None:
             state.runtime = server.runtime
         fresh: dict[str, Any] = {}
@@ -342,7 +347,7 @@ class RuntimeStateObserver:
         if at_once or failures >= MAX_FAILURES:
             state.retry_at[path] = math.inf
             after = "" if at_once else f" after {failures} consecutive failures"
-            self._log_once((server.host, server.port, path, "stopped"),
+            self._log_once((server.host, server.port, path, "stopped", state.generation),
                            f"runtime state: {server.base_url}{path}: {problem}; no longer polled{after}", level)
         else:
             state.retry_at[path] = self._clock() + self.interval * 2 ** (failures - 1)
