@@ -153,7 +153,7 @@ def in_place(seconds: float, port: int, runtime: str) -> None:
     idle_after = 2.0
     provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
     observers = Observers(provider, idle_after=idle_after)
-    observers.registry.note("127.0.0.1", port, runtime)
+    observers.registry.configure("127.0.0.1", port, runtime)  # named, as with the runtimes option
     try:
         shares = []
         for calling in (True, False):

@@ -15,6 +15,8 @@ from otel_llm._log import logger
 
 DEFAULT_TRACES_FILE = "otel-llm-traces.jsonl"
 PROTOCOLS = ("grpc", "http/protobuf")
+# which servers the runtime-state poller may send requests to (otel_llm.observers.poll_policy)
+POLL_MODES = ("configured", "local", "all")
 
 # option name -> environment variable (documented in the README table)
 ENV_VARS: dict[str, str] = {
@@ -29,6 +31,7 @@ ENV_VARS: dict[str, str] = {
     "host_metrics": "OTEL_LLM_HOST_METRICS",
     "gpu_metrics": "OTEL_LLM_GPU_METRICS",
     "runtime_metrics": "OTEL_LLM_RUNTIME_METRICS",
+    "poll_runtimes": "OTEL_LLM_POLL_RUNTIMES",
     "sample_interval": "OTEL_LLM_SAMPLE_INTERVAL",
 }
 _TRUE = {"1", "true", "yes", "on"}
@@ -50,6 +53,7 @@ class Options:
     host_metrics: bool = True
     gpu_metrics: bool = True
     runtime_metrics: bool = True
+    poll_runtimes: str = "local"  # configured | local | all (otel_llm.observers.poll_policy)
     sample_interval: float = 1.0
 
 
@@ -95,6 +99,14 @@ def _parse_runtimes(name: str, value: Any) -> dict[str, str]:
     return result
 
 
+def _parse_poll(name: str, value: Any, default: str) -> str:
+    text = str(value).strip().lower()
+    if text in POLL_MODES:
+        return text
+    _warn(name, value, f"expected one of {', '.join(POLL_MODES)}")
+    return default
+
+
 def _parse_routes(value: Any) -> tuple[str, ...]:
     items = value.split(",") if isinstance(value, str) else list(value)
     return tuple("/" + str(r).strip().lstrip("/") for r in items if str(r).strip())
@@ -129,6 +141,8 @@ def _apply(options: Options, raw: Mapping[str, Any]) -> None:
             options.runtimes = _parse_runtimes(name, value)
         elif name == "llm_routes":
             options.llm_routes = _parse_routes(value)
+        elif name == "poll_runtimes":
+            options.poll_runtimes = _parse_poll(name, value, options.poll_runtimes)
         elif name == "protocol":
             protocol = str(value).strip().lower()
             if protocol in PROTOCOLS:

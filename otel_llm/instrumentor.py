@@ -43,7 +43,8 @@ def _start_observers(options: Options, meter_provider: Any) -> Observers | None:
             port = parts.port or (443 if parts.scheme == "https" else 80)
             runtimes[(parts.hostname, port, parts.scheme or "http")] = name
     return Observers(meter_provider, host=options.host_metrics, gpu=options.gpu_metrics,
-                     runtime=options.runtime_metrics, interval=options.sample_interval, runtimes=runtimes)
+                     runtime=options.runtime_metrics, interval=options.sample_interval, runtimes=runtimes,
+                     poll=options.poll_runtimes)
 
 
 def _at_exit() -> None:

@@ -347,12 +347,16 @@ _PROXY_VARS = {"http_proxy", "https_proxy", "all_proxy", "no_proxy"}
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    """This environment without OTel/otel_llm settings, proxies or PYTHON* variables, plus ``extra``."""
+    """This environment without OTel/otel_llm settings, proxies or PYTHON* variables, plus ``extra``.
+
+    PYTHONPATH is this checkout, so a subprocess imports the otel_llm under test even when the
+    venv's editable install points at another checkout (a git worktree)."""
     env = {
         k: v for k, v in os.environ.items()
         if not k.upper().startswith(_DROPPED_PREFIXES) and k.lower() not in _PROXY_VARS
     }
     env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = str(REPO)
     env.update(extra)
     return env
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -11,10 +12,12 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 OTEL_LLM = str(Path(sys.executable).with_name("otel-llm"))
+# this checkout's otel_llm, also when the venv's editable install points at another one (a worktree)
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
 def test_sim_help_lists_the_timing_options() -> None:
-    out = subprocess.run([OTEL_LLM, "sim", "--help"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([OTEL_LLM, "sim", "--help"], capture_output=True, text=True, check=True, env=ENV).stdout
     for option in ("--headers-delay", "--first-token-delay", "--token-interval", "--tokens", "--cold-delay",
                    "--concurrency", "--buffering", "--abort-after-tokens", "--runtime"):
         assert option in out
@@ -22,7 +25,7 @@ def test_sim_help_lists_the_timing_options() -> None:
 
 def test_sim_command_serves_a_chat_call() -> None:
     proc = subprocess.Popen([OTEL_LLM, "sim", "--port", "0", "--tokens", "3", "--first-token-delay", "0"],
-                            stdout=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, text=True, env=ENV)
     try:
         line = proc.stdout.readline()
         match = re.search(r"listening on (http://\S+)", line)
@@ -36,7 +39,8 @@ def test_sim_command_serves_a_chat_call() -> None:
 
 def test_benchmark_script_runs_and_reports_ratios() -> None:
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "overhead.py"), "--rounds", "1",
-                             "--calls", "20", "--streams", "2"], capture_output=True, text=True, timeout=300)
+                             "--calls", "20", "--streams", "2"], capture_output=True, text=True, timeout=300,
+                            env=ENV)
     assert result.returncode == 0, result.stderr
     assert "added CPU per call:" in result.stdout and "added CPU per streamed chunk:" in result.stdout
 
@@ -47,7 +51,7 @@ def test_breakdown_benchmark_runs_and_reports_each_part() -> None:
     assert "python benchmarks/breakdown.py" in (ROOT / "README.md").read_text()
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "breakdown.py"), "--rounds", "1",
                              "--calls", "10", "--streams", "2", "--busy", "2"], capture_output=True, text=True,
-                            timeout=300)
+                            timeout=300, env=ENV)
     assert result.returncode == 0, result.stderr
     costs = re.findall(r"^  (\d) attributes\s+([\d.]+) us$", result.stdout, re.M)
     assert [n for n, _ in costs] == ["0", "3", "7"] and all(float(v) > 0 for _, v in costs), result.stdout
@@ -61,7 +65,8 @@ def test_observers_benchmark_runs_with_a_real_llama_server() -> None:
     found by its port, and the threads in place, calling and idle."""
     assert "python benchmarks/observers.py --llama" in (ROOT / "README.md").read_text()
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "observers.py"), "--llama", "--cycles", "5",
-                             "--ticks", "20", "--in-place", "1"], capture_output=True, text=True, timeout=300)
+                             "--ticks", "20", "--in-place", "1"], capture_output=True, text=True, timeout=300,
+                            env=ENV)
     assert result.returncode == 0, result.stderr
     assert "'llama.cpp')]" in result.stdout, result.stdout  # found, with its pid
     assert "runtime state polled in place: llama.cpp answered" in result.stdout, result.stdout
@@ -81,7 +86,7 @@ def test_readme_gateway_commands_run(tmp_path: Path) -> None:
 
     assert KEYGEN in README and SERVE in README
     bin_dir = str(Path(OTEL_LLM).parent)
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "OTEL_LLM_HOST_METRICS": "false",
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHONPATH": str(ROOT), "OTEL_LLM_HOST_METRICS": "false",
            "OTEL_LLM_TRACES_FILE": str(tmp_path / "t.jsonl")}
     keygen = subprocess.run(KEYGEN, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert keygen.returncode == 0, keygen.stderr
@@ -105,7 +110,7 @@ def test_readme_gateway_commands_run(tmp_path: Path) -> None:
 
 def test_gateway_benchmark_runs_and_reports_the_target() -> None:
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gateway.py"), "--quick"],
-                            capture_output=True, text=True, timeout=300)
+                            capture_output=True, text=True, timeout=300, env=ENV)
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("added TTFB") == 2 and "gateway CPU per request" in result.stdout
     assert "target: added median TTFB <= 1 ms on loopback" in result.stdout

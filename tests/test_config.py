@@ -49,3 +49,12 @@ def test_observer_switches_and_interval() -> None:
     assert options.sample_interval == 0.5
     assert resolve({"sample_interval": "nan"}, environ={}).sample_interval == 1.0
     assert resolve({"sample_interval": 0}, environ={}).sample_interval == 1.0
+
+
+def test_poll_runtimes_values(caplog) -> None:
+    assert resolve({}, environ={}).poll_runtimes == "local"
+    assert resolve({}, environ={"OTEL_LLM_POLL_RUNTIMES": " ALL "}).poll_runtimes == "all"
+    assert resolve({"poll_runtimes": "configured"}, environ={"OTEL_LLM_POLL_RUNTIMES": "all"}).poll_runtimes == "configured"
+    with caplog.at_level(logging.WARNING, logger="otel_llm"):
+        assert resolve({"poll_runtimes": "everything"}, environ={}).poll_runtimes == "local"
+    assert "poll_runtimes='everything'" in caplog.text and "configured, local, all" in caplog.text

@@ -286,8 +286,9 @@ import json, os, sys, threading, time, traceback
 import httpx, otel_llm
 
 cfg = json.loads(sys.argv[1])
+# the simulators play runtimes in processes /proc cannot name: poll every server called
 otel_llm.instrument(service_name="dashboards-app", console_summary=False, traces_file=os.devnull,
-                    sample_interval=0.5)
+                    sample_interval=0.5, poll_runtimes="all")
 client = httpx.Client(timeout=60)
 MSG = [{"role": "user", "content": "Tell a short story."}]
 BURSTS = {"x-sim-buffering": "true", "x-sim-buffer-flush-frames": "4"}

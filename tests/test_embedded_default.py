@@ -1,5 +1,6 @@
 """The embedded default, end to end in clean subprocesses: ``otel_llm.instrument()`` with no
-options writes an OTLP/JSON-lines file and one stderr summary line per call, flushed at exit."""
+options writes an OTLP/JSON-lines file and one summary line per call (on stderr when the
+application configured no logging), flushed at exit."""
 
 from __future__ import annotations
 
@@ -99,6 +100,19 @@ def test_console_summary_off(fast_sim: Any, tmp_path: Path) -> None:
     """OTEL_LLM_CONSOLE_SUMMARY=false silences stderr; the file is still written."""
     result = _run(tmp_path, fast_sim, OTEL_LLM_CONSOLE_SUMMARY="false")
     assert _summaries(result.stderr) == []
+    _check_file(tmp_path / DEFAULT_FILE)
+
+
+def test_summary_goes_to_the_applications_logging(fast_sim: Any, tmp_path: Path) -> None:
+    """An application that configured logging gets the summary lines through its own handler
+    (here with its format, on stdout); otel_llm writes nothing to stderr itself."""
+    configure = ('import logging\n'
+                 'logging.basicConfig(stream=sys.stdout, format="app %(name)s %(levelname)s: %(message)s")')
+    result = _run(tmp_path, fast_sim, before=configure)
+    assert _summaries(result.stderr) == [], result.stderr
+    logged = [line for line in result.stdout.splitlines() if line.startswith("app otel_llm.summary INFO: otel-llm")]
+    assert len(logged) == 2, result.stdout
+    assert "chat model-a" in logged[0] and "chat model-b" in logged[1]
     _check_file(tmp_path / DEFAULT_FILE)
 
 

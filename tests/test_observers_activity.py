@@ -11,8 +11,9 @@ import pytest
 
 from otel_llm.observers import runtime_state
 from otel_llm.observers.activity import Activity
+from otel_llm.observers.poll_policy import POLL_ALL, PollPolicy
 from otel_llm.observers.registry import ServerRegistry
-from otel_llm.observers.runtime_state import RuntimeStateObserver
+from otel_llm.observers.runtime_state import MAX_FAILURES, RuntimeStateObserver
 from otel_llm.observers.sampler import HostSampler
 
 from tests.test_observers_runtime import LOOPBACK, FakeRuntime, _text, fake  # noqa: F401 (fixture)
@@ -85,7 +86,8 @@ def test_runtime_poller_slows_while_idle_and_polls_at_the_next_call(fake: FakeRu
     registry = ServerRegistry()
     registry.note(LOOPBACK, fake.port, "tgi")
     activity = Activity(idle_after=0.3)
-    observer = RuntimeStateObserver(MeterProvider().get_meter("t"), registry, interval=0.05, activity=activity)
+    observer = RuntimeStateObserver(MeterProvider().get_meter("t"), registry, interval=0.05, activity=activity,
+                                    policy=PollPolicy(POLL_ALL))  # the fake runs in this process
     observer.start()
     try:
         assert _wait_for(lambda: fake.hits.get("/metrics", 0) >= 3)  # busy pace: every 0.05 s
@@ -99,14 +101,15 @@ def test_runtime_poller_slows_while_idle_and_polls_at_the_next_call(fake: FakeRu
         observer.stop()
 
 
-def test_runtime_poller_sleeps_while_every_endpoint_is_backed_off(fake: FakeRuntime) -> None:  # noqa: F811
-    """A server without /metrics is re-checked every ABSENT_RETRY seconds: the poller has nothing
-    to do meanwhile and does not wake every interval; a newly noted server wakes it."""
+def test_runtime_poller_sleeps_once_every_endpoint_has_stopped(fake: FakeRuntime) -> None:  # noqa: F811
+    """A server without /metrics stops being polled after MAX_FAILURES polls: the poller then has
+    nothing to do and does not wake every interval; a newly noted server wakes it."""
     from opentelemetry.sdk.metrics import MeterProvider
 
     registry = ServerRegistry()
     registry.note(LOOPBACK, fake.port, "tgi")  # the fake answers 404 for /metrics
-    observer = RuntimeStateObserver(MeterProvider().get_meter("t"), registry, interval=0.05)
+    observer = RuntimeStateObserver(MeterProvider().get_meter("t"), registry, interval=0.05,
+                                    policy=PollPolicy(POLL_ALL))
     polls = [0]
     poll_once = observer.poll_once
 
@@ -117,11 +120,13 @@ def test_runtime_poller_sleeps_while_every_endpoint_is_backed_off(fake: FakeRunt
     observer.poll_once = counted  # type: ignore[method-assign]
     observer.start()
     try:
-        assert _wait_for(lambda: fake.hits.get("/metrics", 0) == 1)
+        assert _wait_for(lambda: fake.hits.get("/metrics", 0) == MAX_FAILURES)
+        time.sleep(0.1)
+        stopped = polls[0]
         time.sleep(0.5)
-        assert polls[0] <= 2 and fake.hits["/metrics"] == 1  # not ten polls of nothing
+        assert polls[0] == stopped and fake.hits["/metrics"] == MAX_FAILURES  # not ten polls of nothing
         registry.note("localhost", fake.port, "tgi")  # another server: due now
-        assert _wait_for(lambda: fake.hits["/metrics"] == 2, timeout=2.0)
+        assert _wait_for(lambda: fake.hits["/metrics"] == MAX_FAILURES + 1, timeout=2.0)
     finally:
         observer.stop()
     assert observer._thread is None

@@ -19,8 +19,10 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import Gauge, InMemoryMetricReader, Metric, Sum
 
 import otel_llm
+from otel_llm.observers import runtime_state
+from otel_llm.observers.poll_policy import POLL_ALL, PollPolicy
 from otel_llm.observers.registry import ServerRegistry
-from otel_llm.observers.runtime_state import ABSENT_RETRY, RuntimeStateObserver, otel_name
+from otel_llm.observers.runtime_state import MAX_FAILURES, RuntimeStateObserver, otel_name
 from otel_llm.testing import LlamaServer
 from tests.conftest import make_otel
 
@@ -89,6 +91,10 @@ class Rig:
     observer: RuntimeStateObserver
     registry: ServerRegistry
     reader: InMemoryMetricReader
+    now: list[float] = field(default_factory=lambda: [1000.0])  # the observer's clock (s)
+
+    def later(self, seconds: float) -> None:
+        self.now[0] += seconds
 
     def metrics(self) -> dict[str, Metric]:
         data = self.reader.get_metrics_data()
@@ -110,9 +116,14 @@ def rig() -> Iterator[Rig]:
     reader = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader])
     registry = ServerRegistry()
-    observer = RuntimeStateObserver(provider.get_meter("test"), registry, interval=0.05)
+    # the fakes run in this process, which the default policy never polls: these tests are
+    # about what is read and how failures back off, so every noted server may be polled
+    observer = RuntimeStateObserver(provider.get_meter("test"), registry, interval=0.05,
+                                    policy=PollPolicy(POLL_ALL))
+    rig = Rig(observer, registry, reader)
+    observer._clock = lambda: rig.now[0]  # back-off times move only when a test says so
     try:
-        yield Rig(observer, registry, reader)
+        yield rig
     finally:
         observer.stop()
         provider.shutdown()
@@ -247,17 +258,22 @@ def test_unknown_runtime_answering_api_ps_is_ollama(rig: Rig, fake: FakeRuntime)
 
 
 def test_non_json_api_ps(rig: Rig, fake: FakeRuntime, caplog: pytest.LogCaptureFixture) -> None:
+    """A known Ollama answering something that is not JSON: a failure like any other, backed off
+    (no retry at the next poll), and an answer in the right format before the bound recovers."""
     caplog.set_level(logging.DEBUG, logger="otel_llm")
     fake.serve("/api/ps", "<html>oops</html>", content_type="text/html")
     rig.registry.note(LOOPBACK, fake.port, "ollama")
-    for _ in range(3):
-        rig.observer.poll_once()
-    assert [m for m in _runtime_logs(caplog) if "/api/ps" in m and "not JSON" in m].__len__() == 1
-    assert fake.hits["/api/ps"] == 3  # a known Ollama: retried at every poll
-    assert rig.points("llm.runtime.model.loaded") == []
+    rig.observer.poll_once()
+    rig.observer.poll_once()
+    assert fake.hits["/api/ps"] == 1  # not asked again at once
+    rig.later(0.05)
+    rig.observer.poll_once()
+    assert fake.hits["/api/ps"] == 2 and rig.points("llm.runtime.model.loaded") == []
     fake.serve("/api/ps", _text("ollama_ps.json"), content_type="application/json")
+    rig.later(0.1)
     rig.observer.poll_once()
     assert len(rig.points("llm.runtime.model.loaded")) == 2
+    assert _runtime_logs(caplog) == []  # the endpoint never reached the bound
 
 
 # --- robustness --------------------------------------------------------------------------------------
@@ -270,81 +286,132 @@ def test_malformed_metrics_logged_once_then_recovers(rig: Rig, fake: FakeRuntime
     before = rig.observer.latest_state(LOOPBACK, fake.port)
     fake.serve("/metrics", _text("malformed_metrics.txt"))
     rig.observer.poll_once()
+    rig.later(0.05)
     rig.observer.poll_once()
-    assert len([m for m in _runtime_logs(caplog) if "malformed" in m]) == 1
+    assert fake.hits["/metrics"] == 3
+    assert _runtime_logs(caplog) == []  # backing off, not stopped: nothing to say yet
     assert rig.points("vllm.num_requests_running") == []  # stale series are not reported
     assert rig.points("llm.runtime.requests.waiting") == []
     assert rig.observer.latest_state(LOOPBACK, fake.port) == before  # last good poll, its timestamp
     fake.serve("/metrics", _text("vllm_metrics.txt"))
+    rig.later(0.1)
     rig.observer.poll_once()
     assert rig.observer.latest_state(LOOPBACK, fake.port)["requests.waiting"] == 3
     assert fake.hits["/metrics"] == 4
+    fake.serve("/metrics", _text("malformed_metrics.txt"))  # the count started again at the success
+    for _ in range(MAX_FAILURES - 1):
+        rig.later(10)
+        rig.observer.poll_once()
+    assert _runtime_logs(caplog) == [] and fake.hits["/metrics"] == 4 + MAX_FAILURES - 1
 
 
-def test_http_error_logged_once(rig: Rig, fake: FakeRuntime, caplog: pytest.LogCaptureFixture) -> None:
+def _poll_through_back_off(rig: Rig, seconds: float = 30.0, step: float = 0.01) -> None:
+    """Poll every ``step`` seconds of the observer's clock for ``seconds``."""
+    for _ in range(int(seconds / step)):
+        rig.observer.poll_once()
+        rig.later(step)
+
+
+def test_http_500_backs_off_exponentially_then_stops(rig: Rig, fake: FakeRuntime,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger="otel_llm")
     fake.serve("/metrics", "boom", status=500)
     rig.registry.note(LOOPBACK, fake.port, "llama.cpp")
-    for _ in range(3):
+    asked: list[float] = []
+    for _ in range(3000):  # 30 s of the observer's clock, polled every 10 ms
+        before = fake.hits.get("/metrics", 0)
         rig.observer.poll_once()
-    assert len([m for m in _runtime_logs(caplog) if "HTTP 500" in m]) == 1
-    assert fake.hits["/metrics"] == 3 and rig.observer.latest_state(LOOPBACK, fake.port) == {}
+        if fake.hits.get("/metrics", 0) > before:
+            asked.append(round(rig.now[0] - 1000.0, 2))
+        rig.later(0.01)
+    # never an immediate retry: 1, 2, 4, 8 intervals of 0.05 s apart (to the 10 ms polling
+    # step), then no more
+    assert len(asked) == MAX_FAILURES, asked
+    gaps = [later - earlier for earlier, later in zip(asked, asked[1:])]
+    assert all(want <= gap <= want + 0.011 for gap, want in zip(gaps, (0.05, 0.1, 0.2, 0.4))), gaps
+    logs = _runtime_logs(caplog)
+    assert len(logs) == 1, logs
+    assert "answered HTTP 500" in logs[0] and f"no longer polled after {MAX_FAILURES} consecutive" in logs[0]
+    assert rig.observer.latest_state(LOOPBACK, fake.port) == {}
 
 
-def test_unreachable_runtime(rig: Rig, caplog: pytest.LogCaptureFixture) -> None:
+def test_unreachable_runtime_stops_after_the_bound(rig: Rig, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger="otel_llm")
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind((LOOPBACK, 0))
         port = probe.getsockname()[1]
     rig.registry.note(LOOPBACK, port, "vllm")
     started = time.monotonic()
-    for _ in range(3):
-        rig.observer.poll_once()
-    assert time.monotonic() - started < 3
-    assert len([m for m in _runtime_logs(caplog) if "unreachable" in m]) == 1
+    _poll_through_back_off(rig, seconds=10, step=0.05)
+    assert time.monotonic() - started < 10  # refused at once, never waited for
+    logs = _runtime_logs(caplog)
+    assert len(logs) == 1 and "unreachable (ConnectError)" in logs[0] and "no longer polled" in logs[0], logs
+    assert rig.observer._states[(LOOPBACK, port)].failures["/metrics"] == MAX_FAILURES
     assert rig.observer.latest_state(LOOPBACK, port) == {}
     assert rig.points("llm.runtime.requests.running") == []
 
 
-def test_absent_endpoint_backs_off(rig: Rig, fake: FakeRuntime, caplog: pytest.LogCaptureFixture) -> None:
-    """llama.cpp without --metrics answers 501 (other servers 404): re-checked every 60 s only."""
+def test_timeouts_count_as_failures(rig: Rig, caplog: pytest.LogCaptureFixture,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A listener that accepts and never answers (a hung server) is backed off like a refusal."""
     caplog.set_level(logging.DEBUG, logger="otel_llm")
-    now = [1000.0]
-    rig.observer._clock = lambda: now[0]
+    monkeypatch.setattr(runtime_state, "TIMEOUT", 0.1)
+    with socket.socket() as silent:
+        silent.bind((LOOPBACK, 0))
+        silent.listen(16)  # the kernel completes the handshakes; nobody reads or answers
+        rig.registry.note(LOOPBACK, silent.getsockname()[1], "tgi")
+        _poll_through_back_off(rig, seconds=5, step=0.05)
+    logs = _runtime_logs(caplog)
+    assert len(logs) == 1 and "Timeout" in logs[0] and "no longer polled" in logs[0], logs
+
+
+def test_absent_endpoint_backs_off_then_stops(rig: Rig, fake: FakeRuntime, caplog: pytest.LogCaptureFixture) -> None:
+    """llama.cpp without --metrics answers 501 (other servers 404): backed off, then one line."""
+    caplog.set_level(logging.DEBUG, logger="otel_llm")
     rig.registry.note(LOOPBACK, fake.port, "llama.cpp")
     fake.serve("/metrics", '{"error":{"code":501}}', status=501, content_type="application/json")
-    for _ in range(5):
-        rig.observer.poll_once()
-        now[0] += 5
-    assert fake.hits["/metrics"] == 1
+    _poll_through_back_off(rig)
+    assert fake.hits["/metrics"] == MAX_FAILURES
     logs = [m for m in _runtime_logs(caplog) if "501" in m]
     assert len(logs) == 1 and "--metrics" in logs[0]
-    fake.serve("/metrics", _text("vllm_legacy_metrics.txt").replace("vllm:num_requests_running",
-                                                                      "llamacpp:requests_processing"))
-    now[0] += ABSENT_RETRY
-    rig.observer.poll_once()
-    assert fake.hits["/metrics"] == 2
-    assert rig.observer.latest_state(LOOPBACK, fake.port)["requests.running"] == 1
+    assert [r.levelno for r in caplog.records if "501" in r.getMessage()] == [logging.INFO]
 
 
 @pytest.mark.parametrize("status", [401, 403])
-def test_endpoint_refusing_the_poll_backs_off(rig: Rig, fake: FakeRuntime, caplog: pytest.LogCaptureFixture,
-                                              status: int) -> None:
-    """A runtime behind an authenticating gateway refuses the unauthenticated poll: one log line,
-    then re-checked every ABSENT_RETRY seconds instead of every poll."""
+def test_endpoint_refusing_the_poll_stops_at_once(rig: Rig, fake: FakeRuntime, caplog: pytest.LogCaptureFixture,
+                                                  status: int) -> None:
+    """A runtime behind an authenticating gateway refuses the unauthenticated poll: asked exactly
+    once, one log line, never again (the poller has no credentials to offer)."""
     caplog.set_level(logging.DEBUG, logger="otel_llm")
-    now = [1000.0]
-    rig.observer._clock = lambda: now[0]
     rig.registry.note(LOOPBACK, fake.port, "llama.cpp")
     fake.serve("/metrics", '{"error":{"code":%d}}' % status, status=status, content_type="application/json")
-    for _ in range(5):
-        rig.observer.poll_once()
-        now[0] += 5
-    assert fake.hits["/metrics"] == 1
-    assert len([m for m in _runtime_logs(caplog) if "needs credentials" in m]) == 1
-    now[0] += ABSENT_RETRY
-    rig.observer.poll_once()
-    assert fake.hits["/metrics"] == 2
+    _poll_through_back_off(rig, seconds=120, step=0.5)
+    assert fake.hits == {"/metrics": 1}
+    logs = _runtime_logs(caplog)
+    assert len(logs) == 1 and "needs credentials" in logs[0] and "no longer polled" in logs[0], logs
+
+
+def test_real_500_server_gets_a_bounded_number_of_polls(fake: FakeRuntime) -> None:
+    """The background thread, real time: a server answering 500 to everything receives exactly
+    MAX_FAILURES polls (0.05 + 0.1 + 0.2 + 0.4 s apart at a 0.05 s interval), then none."""
+    fake.serve("/metrics", "boom", status=500)
+    registry = ServerRegistry()
+    registry.note(LOOPBACK, fake.port, "vllm")
+    observer = RuntimeStateObserver(MeterProvider().get_meter("t"), registry, interval=0.05,
+                                    policy=PollPolicy(POLL_ALL))
+    started = time.monotonic()
+    observer.start()
+    try:
+        deadline = time.monotonic() + 20
+        while fake.hits.get("/metrics", 0) < MAX_FAILURES and time.monotonic() < deadline:
+            time.sleep(0.02)
+        elapsed = time.monotonic() - started
+        assert fake.hits["/metrics"] == MAX_FAILURES
+        assert elapsed >= 0.75  # backed off: five polls at the 0.05 s interval would take 0.2 s
+        time.sleep(1.5)  # twice the back-off the next poll would have waited
+        assert fake.hits == {"/metrics": MAX_FAILURES}
+    finally:
+        observer.stop()
 
 
 def test_series_changing_type_between_polls(rig: Rig, fake: FakeRuntime, caplog: pytest.LogCaptureFixture) -> None:
@@ -365,7 +432,8 @@ def test_series_changing_type_between_polls(rig: Rig, fake: FakeRuntime, caplog:
     assert len([m for m in _runtime_logs(caplog) if "first seen as a counter" in m]) == 1
 
 
-def test_only_registered_servers_and_not_cloud_apis(fake: FakeRuntime) -> None:
+def test_poll_all_polls_registered_servers_but_not_cloud_apis(fake: FakeRuntime) -> None:
+    """poll_runtimes=all: what polling did before the policy (every self-hosted-looking server)."""
     seen: list[str] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -375,7 +443,8 @@ def test_only_registered_servers_and_not_cloud_apis(fake: FakeRuntime) -> None:
     reader = InMemoryMetricReader()
     registry = ServerRegistry()
     client = httpx.Client(transport=httpx.MockTransport(handler))
-    observer = RuntimeStateObserver(MeterProvider(metric_readers=[reader]).get_meter("t"), registry, client=client)
+    observer = RuntimeStateObserver(MeterProvider(metric_readers=[reader]).get_meter("t"), registry, client=client,
+                                    policy=PollPolicy(POLL_ALL))
     registry.note("api.openai.com", 443, None)
     registry.note("api.example.com", 8000, None)
     registry.note("lmstudio.local", 1234, "lmstudio")
@@ -418,7 +487,7 @@ def test_polls_are_not_traced_by_otel_llm(fake: FakeRuntime) -> None:
         fake.serve("/api/ps", _text("ollama_ps.json"), content_type="application/json")
         registry = ServerRegistry()
         registry.note(LOOPBACK, fake.port, None)
-        observer = RuntimeStateObserver(otel.meter_provider.get_meter("t"), registry)
+        observer = RuntimeStateObserver(otel.meter_provider.get_meter("t"), registry, policy=PollPolicy(POLL_ALL))
         observer.poll_once()
         observer.stop()
         assert fake.hits == {"/metrics": 1, "/api/ps": 1}
@@ -438,7 +507,7 @@ def test_polls_are_not_traced_by_httpx_instrumentation(fake: FakeRuntime) -> Non
         fake.serve("/metrics", _text("tgi_metrics.txt"))
         registry = ServerRegistry()
         registry.note(LOOPBACK, fake.port, "tgi")
-        observer = RuntimeStateObserver(otel.meter_provider.get_meter("t"), registry)
+        observer = RuntimeStateObserver(otel.meter_provider.get_meter("t"), registry, policy=PollPolicy(POLL_ALL))
         observer.poll_once()
         observer.stop()
         assert fake.hits == {"/metrics": 1}
@@ -473,8 +542,9 @@ def _wait_for(rig: Rig, host: str, port: int, **want: int) -> dict[str, Any]:
 
 @pytest.mark.timeout(120)
 def test_real_llamacpp(rig: Rig) -> None:
+    rig.observer.policy = PollPolicy()  # the default: a llama-server process /proc identifies
     with LlamaServer(slots=1) as server:
-        rig.registry.note(LOOPBACK, server.port, "llama.cpp")
+        rig.registry.note(LOOPBACK, server.port, None)  # route-implied nothing: /proc names it
         rig.observer.poll_once()
         metrics = rig.metrics()
         attrs = {"server.address": LOOPBACK, "server.port": server.port, "llm.runtime.name": "llama.cpp"}

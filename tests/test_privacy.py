@@ -104,8 +104,10 @@ def test_default_options_export_no_secret_and_no_prompt(sim, otel: Otel) -> None
 
 
 def test_embedded_default_file_and_summary_have_no_secret(sim, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                          capfd: pytest.CaptureFixture[str]) -> None:
-    """The embedded default (JSONL file + stderr summary) leaks nothing either."""
+                                                          capfd: pytest.CaptureFixture[str],
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """The embedded default (JSONL file + summary lines) leaks nothing either. Under pytest the
+    summary lines go to its log capture (a handler on the root logger), not to stderr."""
     for name in [n for n in os.environ if n.startswith("OTEL_")]:
         monkeypatch.delenv(name)
     configure_sim(sim, tokens=4, first_token_delay=0.005, token_interval=0.001)
@@ -124,9 +126,9 @@ def test_embedded_default_file_and_summary_have_no_secret(sim, tmp_path: Path, m
         _check_url_full(call["attributes"][sc.URL_FULL])
     assert _leaks([text]) == []
     err = capfd.readouterr().err
-    summaries = [line for line in err.splitlines() if line.startswith("otel-llm")]
-    assert len(summaries) == expected, err
-    assert _leaks([err]) == []
+    summaries = [r.getMessage() for r in caplog.records if r.name == "otel_llm.summary"]
+    assert len(summaries) == expected and all(line.startswith("otel-llm") for line in summaries), summaries
+    assert _leaks([err, *summaries]) == []
 
 
 def test_capture_content_records_messages_but_no_secret(sim) -> None:

@@ -1,10 +1,13 @@
-"""SummarySpanProcessor prints one line per model call; format_summary is pure."""
+"""SummarySpanProcessor logs one line per model call (to stderr when no logging is configured);
+format_summary is pure."""
 
 from __future__ import annotations
 
 import io
 import logging
 import math
+import subprocess
+from pathlib import Path
 from typing import Any
 
 from opentelemetry import trace
@@ -12,7 +15,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from otel_llm import semconv as sc
-from otel_llm.export.summary import SummarySpanProcessor, format_summary
+from otel_llm.export.summary import SUMMARY_LOGGER, SummarySpanProcessor, format_summary
+from tests.helpers_servers import clean_env, run_python
 
 FULL: dict[str, Any] = {
     sc.GEN_AI_OPERATION_NAME: "chat",
@@ -78,11 +82,81 @@ def test_processor_writes_one_line_per_model_call() -> None:
     assert stream.getvalue().splitlines() == [format_summary(FULL, 1.234)]
 
 
-def test_processor_defaults_to_stderr_at_write_time(capsys: Any) -> None:
+def test_processor_logs_the_line_through_logging(caplog: Any, capsys: Any) -> None:
+    """Without a stream, the line is an INFO record of otel_llm.summary: pytest's handler on the
+    root logger receives it, and otel_llm writes nothing to stderr itself."""
     provider = TracerProvider()
     provider.add_span_processor(SummarySpanProcessor())
-    _emit(provider)  # capsys swapped sys.stderr after the module was imported
-    assert capsys.readouterr().err.startswith("otel-llm  chat gemma3 @127.0.0.1:8080  200  total 1.234s")
+    with caplog.at_level(logging.DEBUG):
+        _emit(provider)
+    records = [r for r in caplog.records if r.name == SUMMARY_LOGGER]
+    assert [(r.levelno, r.getMessage()) for r in records] == [(logging.INFO, format_summary(FULL, 1.234))]
+    assert capsys.readouterr().err == ""
+
+
+def test_summary_logger_level_silences_it(caplog: Any) -> None:
+    summary = logging.getLogger(SUMMARY_LOGGER)
+    provider = TracerProvider()
+    provider.add_span_processor(SummarySpanProcessor())
+    level = summary.level
+    summary.setLevel(logging.WARNING)
+    try:
+        with caplog.at_level(logging.DEBUG, logger="otel_llm"):
+            _emit(provider)
+    finally:
+        summary.setLevel(level)
+    assert [r for r in caplog.records if r.name == SUMMARY_LOGGER] == []
+
+
+# In a fresh interpreter, where nothing but the script configures logging.
+_CLEAN = """
+import logging, sys
+{before}
+from opentelemetry.sdk.trace import TracerProvider
+from otel_llm.export.summary import SummarySpanProcessor
+from tests.test_summary import _emit
+provider = TracerProvider()
+provider.add_span_processor(SummarySpanProcessor())
+_emit(provider)
+{between}
+_emit(provider)
+"""
+
+
+def _clean_run(tmp_path: Path, before: str = "", between: str = "") -> subprocess.CompletedProcess[str]:
+    result = run_python(_CLEAN.format(before=before, between=between), tmp_path, clean_env())
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def test_no_logging_configured_the_line_is_on_stderr(tmp_path: Path) -> None:
+    result = _clean_run(tmp_path)
+    line = format_summary(FULL, 1.234)
+    assert result.stderr == f"{line}\n{line}\n"  # byte-identical to the formatted line, nothing else
+    assert result.stdout == ""
+
+
+def test_application_handler_receives_it_and_stderr_stays_clean(tmp_path: Path) -> None:
+    configure = 'logging.basicConfig(stream=sys.stdout, format="%(name)s|%(levelname)s|%(message)s")'
+    result = _clean_run(tmp_path, before=configure)
+    line = format_summary(FULL, 1.234)
+    assert result.stderr == ""
+    assert result.stdout == f"otel_llm.summary|INFO|{line}\n" * 2
+
+
+def test_logging_configured_later_takes_over(tmp_path: Path) -> None:
+    """The fallback is decided at each line: once the application configures logging, its
+    handlers get the lines and the fallback stops writing."""
+    configure = 'logging.basicConfig(stream=sys.stdout, format="app: %(message)s")'
+    result = _clean_run(tmp_path, between=configure)
+    line = format_summary(FULL, 1.234)
+    assert result.stderr == f"{line}\n"
+    assert result.stdout == f"app: {line}\n"
+
+
+def test_silenced_by_level_without_any_logging_configured(tmp_path: Path) -> None:
+    result = _clean_run(tmp_path, before='logging.getLogger("otel_llm.summary").setLevel(logging.WARNING)')
+    assert result.stderr == "" and result.stdout == ""
 
 
 def test_processor_never_raises_and_warns_once(caplog: Any) -> None:

@@ -1,8 +1,14 @@
-"""Print one compact line per finished model call, for a quick look without any backend.
+"""One compact line per finished model call, for a quick look without any backend.
 
 Example::
 
     otel-llm  chat gemma3 @127.0.0.1:8080  200  total 1.234s  ttfb 0.101s  ttft 0.352s  decode 0.871s  in 12  out 40 tok  45.9 tok/s  reused
+
+The line is an INFO record of the ``otel_llm.summary`` logger, so an application or a test
+runner that captures or parses stderr routes or silences it as any other log (its handlers, its
+levels; ``console_summary=False`` turns it off). While nothing would handle that logger's records
+(no handler on it, on ``otel_llm`` or on the root logger: the application configured no logging),
+a handler of otel_llm's own writes the bare line to stderr, so a first run still shows it.
 """
 
 from __future__ import annotations
@@ -19,9 +25,57 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from otel_llm import semconv as sc
 
-__all__ = ["SummarySpanProcessor", "finite_number", "format_summary", "is_model_call"]
+__all__ = ["SUMMARY_LOGGER", "SummarySpanProcessor", "finite_number", "format_summary", "is_model_call"]
 
 _logger = logging.getLogger(__name__)
+
+SUMMARY_LOGGER = "otel_llm.summary"
+summary_logger = logging.getLogger(SUMMARY_LOGGER)
+if summary_logger.level == logging.NOTSET:
+    # the root logger's default WARNING would drop the lines; a level the user set is kept
+    summary_logger.setLevel(logging.INFO)
+
+
+class _StderrFallback(logging.Handler):
+    """The bare line on ``sys.stderr`` as it is at write time (pytest's capsys, redirections)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setFormatter(logging.Formatter("%(message)s"))
+        self._failed = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+            sys.stderr.flush()
+        except Exception:  # a closed stderr must not break model calls, nor print a traceback
+            self._failed = True
+
+
+_FALLBACK = _StderrFallback()
+
+
+def _handled_elsewhere(logger: logging.Logger) -> bool:
+    """Whether a handler other than the fallback would receive ``logger``'s records."""
+    current: logging.Logger | None = logger
+    while current is not None:
+        if any(handler is not _FALLBACK for handler in current.handlers):
+            return True
+        if not current.propagate:
+            return False
+        current = current.parent  # type: ignore[assignment]
+    return False
+
+
+def _sync_fallback(logger: logging.Logger) -> None:
+    """Attach the stderr fallback only while the application configured no logging; checked at
+    every line, as logging may be configured after ``instrument()``."""
+    attached = _FALLBACK in logger.handlers
+    if _handled_elsewhere(logger):
+        if attached:
+            logger.removeHandler(_FALLBACK)
+    elif not attached:
+        logger.addHandler(_FALLBACK)
 
 
 def finite_number(value: Any) -> float | None:
@@ -114,10 +168,10 @@ def is_model_call(span: ReadableSpan) -> bool:
 
 
 class SummarySpanProcessor(SpanProcessor):
-    """Write :func:`format_summary` for every finished model call to ``stream``."""
+    """Log :func:`format_summary` for every finished model call (see the module docstring), or
+    write it to ``stream`` when one is given."""
 
     def __init__(self, stream: TextIO | None = None) -> None:
-        # None means "sys.stderr at write time", so pytest's capsys and redirections still work.
         self._stream = stream
         self._warned = False
 
@@ -129,13 +183,18 @@ class SummarySpanProcessor(SpanProcessor):
         try:
             if not is_model_call(span):
                 return
+            if self._stream is None and not summary_logger.isEnabledFor(logging.INFO):
+                return  # silenced through logging: not even formatted
             duration_s = ((span.end_time or 0) - (span.start_time or 0)) / 1e9
             line = format_summary(
                 span.attributes or {}, duration_s, span.status.status_code, span.status.description
             )
-            stream = self._stream if self._stream is not None else sys.stderr
-            stream.write(line + "\n")
-            stream.flush()
+            if self._stream is None:
+                _sync_fallback(summary_logger)
+                summary_logger.info("%s", line)
+            else:
+                self._stream.write(line + "\n")
+                self._stream.flush()
         except Exception as exc:  # noqa: BLE001 - a closed stream must not break model calls
             if not self._warned:
                 self._warned = True

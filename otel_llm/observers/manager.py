@@ -16,6 +16,7 @@ from typing import Any
 from otel_llm import semconv as sc
 from otel_llm._log import log_once
 from otel_llm.observers.activity import IDLE_AFTER, Activity
+from otel_llm.observers.poll_policy import POLL_LOCAL
 from otel_llm.observers.registry import ServerRegistry
 from otel_llm.version import __version__
 
@@ -25,11 +26,12 @@ class Observers:
 
     def __init__(self, meter_provider: Any, host: bool = True, gpu: bool = True, runtime: bool = True,
                  interval: float = 1.0, runtimes: dict[tuple[str, int, str], str] | None = None,
-                 idle_after: float = IDLE_AFTER) -> None:
+                 idle_after: float = IDLE_AFTER, poll: str = POLL_LOCAL) -> None:
         self.registry = ServerRegistry()
+        self._poll = poll  # which servers the runtime-state observer may poll (poll_policy)
         self.activity = Activity(idle_after)
         for (address, port, scheme), name in (runtimes or {}).items():
-            self.registry.note(address, port, name, scheme)
+            self.registry.configure(address, port, name, scheme)
         meter = meter_provider.get_meter(sc.INSTRUMENTATION_NAME, __version__)
         self._interval = interval
         self._stoppable: list[Any] = []
@@ -39,10 +41,11 @@ class Observers:
         self.sampler = _try("host observer", self._host, meter, interval) if host else None
 
     def _runtime(self, meter: Any) -> Any:
+        from otel_llm.observers.poll_policy import PollPolicy
         from otel_llm.observers.runtime_state import RuntimeStateObserver
 
         observer = RuntimeStateObserver(meter, self.registry, interval=max(self._interval, 0.2),
-                                        activity=self.activity)
+                                        activity=self.activity, policy=PollPolicy(self._poll))
         observer.start()
         self._stoppable.append(observer)
         return observer

@@ -12,6 +12,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from typing import NamedTuple
 
 import psutil
 
@@ -173,6 +174,47 @@ class RuntimeProcesses:
             if runtime is not None:
                 found[pid] = (proc, runtime)
         return found
+
+
+class Listener(NamedTuple):
+    """Who listens on a port: the known runtime they all are (None: not one runtime, or an
+    owner that cannot be seen) and the processes seen."""
+
+    runtime: str | None
+    processes: tuple[psutil.Process, ...]
+
+
+def listening_runtimes(ports: set[int]) -> dict[int, Listener]:
+    """port -> its listeners, for the ports of ``ports`` that something on this host listens on.
+
+    Read from /proc alone (psutil): no request is sent to find out. A port has a runtime only
+    when every process listening on it is the same known runtime and none is this process (the
+    application, or a test server it runs, is never a model runtime to poll)."""
+    own = os.getpid()
+    owners: dict[int, list[psutil.Process | None]] = {}
+    for port, proc in _listening_sockets(ports):
+        owners.setdefault(port, []).append(proc)
+    found = {}
+    for port, procs in owners.items():
+        runtimes = {None if proc is None or proc.pid == own else _runtime_of(proc) for proc in procs}
+        runtime = runtimes.pop() if len(runtimes) == 1 else None
+        found[port] = Listener(runtime, tuple(p for p in procs if p is not None))
+    return found
+
+
+def _listening_sockets(ports: set[int]) -> Iterator[tuple[int, psutil.Process | None]]:
+    """(port, owner) of each listening TCP socket on ``ports``; None when the owner is hidden
+    (another user's process, seen without privileges)."""
+    try:
+        connections = psutil.net_connections(kind="tcp")
+    except psutil.AccessDenied:  # macOS without root: each visible process's own sockets
+        for proc in psutil.process_iter():
+            for port in _listening_ports(proc) & ports:
+                yield port, proc
+        return
+    for c in connections:
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port in ports:
+            yield c.laddr.port, _process(c.pid) if c.pid else None
 
 
 def _names() -> Iterator[tuple[int, str]]:

@@ -11,6 +11,7 @@ class Server(NamedTuple):
     port: int
     runtime: str | None  # "ollama", "llama.cpp", "vllm", "tgi", "sglang", "lmstudio", or None
     scheme: str = "http"
+    configured: bool = False  # named by the ``runtimes`` option (not merely seen in a call)
 
     @property
     def base_url(self) -> str:
@@ -30,15 +31,27 @@ class ServerRegistry:
     def __init__(self) -> None:
         self._servers: dict[tuple[str, int], str | None] = {}
         self._schemes: dict[tuple[str, int], str] = {}
+        self._configured: set[tuple[str, int]] = set()
         self._lock = threading.Lock()
         self.changed = threading.Event()  # set when a server is added or its runtime learned
+
+    def configure(self, host: str, port: int, runtime: str, scheme: str = "http") -> None:
+        """A server the user named (the ``runtimes`` option): its runtime is never overwritten
+        by what a call's route implies, and it may always be polled."""
+        with self._lock:
+            self._servers[(host, port)] = runtime
+            self._schemes[(host, port)] = scheme
+            self._configured.add((host, port))
+            self.changed.set()
 
     def note(self, host: str, port: int, runtime: str | None, scheme: str = "http") -> None:
         key = (host, port)
         known = self._servers.get(key, ...)
-        if known == runtime or (known is not ... and runtime is None):
+        if known == runtime or (known is not ... and runtime is None) or key in self._configured:
             return
         with self._lock:
+            if key in self._configured:
+                return
             if runtime is not None or key not in self._servers:
                 self._servers[key] = runtime
                 self._schemes[key] = scheme
@@ -46,5 +59,6 @@ class ServerRegistry:
 
     def servers(self) -> list[Server]:
         with self._lock:
-            return [Server(host, port, runtime, self._schemes.get((host, port), "http"))
+            return [Server(host, port, runtime, self._schemes.get((host, port), "http"),
+                           (host, port) in self._configured)
                     for (host, port), runtime in self._servers.items()]

@@ -1,8 +1,9 @@
 """What each model server is doing, polled in the background: queue, KV cache, loaded models.
 
-``RuntimeStateObserver`` polls every server of the ``ServerRegistry`` from its own daemon thread
-(1 s timeouts) and keeps the newest state in memory; the OpenTelemetry callbacks and
-``latest_state`` only read that memory.
+``RuntimeStateObserver`` polls the servers of the ``ServerRegistry`` that its ``PollPolicy``
+allows (see ``poll_policy``: by default only runtimes the user named and local processes /proc
+identifies as runtimes) from its own daemon thread (1 s timeouts) and keeps the newest state in
+memory; the OpenTelemetry callbacks and ``latest_state`` only read that memory.
 
 What is polled, by runtime:
 
@@ -11,9 +12,7 @@ What is polled, by runtime:
   ``llm.runtime.model.expires_in`` (s, computed at collection time, 0 once past).
 * ``llama.cpp`` (needs ``--metrics``), ``vllm``, ``tgi``, ``sglang``: ``GET /metrics``.
 * unknown runtime (None): both; an endpoint that is absent is backed off (below). A server
-  answering ``/api/ps`` with ``{"models": [...]}`` is treated as Ollama. Unknown-runtime servers
-  are only probed when they look self-hosted: loopback, a private IP, or a single-label host name
-  (``ollama``, ``vllm`` in a compose network); never port 443. Cloud APIs are left alone.
+  answering ``/api/ps`` with ``{"models": [...]}`` is treated as Ollama.
 * ``lmstudio``: nothing (it has neither endpoint).
 
 Prometheus re-emission. Parsed with ``prometheus_client.parser``. Every finite numeric sample is
@@ -34,10 +33,14 @@ Normalized gauges (``llm.runtime.requests.running`` / ``.waiting`` / ``llm.runti
 come from the first series present in ``NORMALIZED_SOURCES``; counts are summed over label sets
 (vLLM data-parallel engines), the KV-cache usage (0..1) is averaged.
 
-Failures (unreachable, HTTP error, malformed text, non-JSON) are logged once per
-(server, problem) and retried at the next poll; a failed endpoint's series stop being reported
-until it answers again. An endpoint answering 404/405/501 or 401/403 (or, for an unknown runtime,
-something that is not its format) is re-checked only every ``ABSENT_RETRY`` seconds.
+Failures. Each endpoint (server and path) backs off on its own: after a failure (connection
+refused, timeout, any 4xx or 5xx answer, a body that is not the runtime's format) the next poll
+of it waits ``interval`` seconds, then twice as long after each further consecutive failure, and
+after ``MAX_FAILURES`` consecutive failures the endpoint is no longer polled, with one log line.
+A 401 or 403 stops it at once: the poller has no credentials, and an authenticating gateway must
+not be hammered. There is never an immediate retry. A success resets the count; a failed
+endpoint's series stop being reported until it answers again. When the policy finds another
+runtime process listening at a server (a restarted runtime), its endpoints start afresh.
 
 The polls are not model routes, so otel_llm's own instrumentation ignores them, and they run with
 OpenTelemetry's HTTP instrumentation suppressed (no span per poll from an application's
@@ -46,7 +49,6 @@ opentelemetry-instrumentation-httpx). The client ignores proxy settings (``trust
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
 import math
@@ -66,6 +68,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from otel_llm import semconv as sc
 from otel_llm._log import logger
 from otel_llm.observers.activity import Activity
+from otel_llm.observers.poll_policy import PollPolicy
 from otel_llm.observers.registry import Server, ServerRegistry
 
 from otel_llm.semconv import (  # noqa: F401 - names callers import from here too
@@ -98,10 +101,10 @@ _PATHS: dict[str | None, tuple[str, ...]] = {
     "sglang": (PATH_METRICS,), "lmstudio": (),
 }
 _ABSENT_STATUS = frozenset({404, 405, 501})
-# The server refuses unauthenticated polls (e.g. behind `otel-llm gateway`): same back-off.
+# The server refuses unauthenticated polls (e.g. behind `otel-llm gateway`): stop at once.
 _REFUSED_STATUS = frozenset({401, 403})
-_BACK_OFF_STATUS = _ABSENT_STATUS | _REFUSED_STATUS
-ABSENT_RETRY = 60.0
+MAX_FAILURES = 5  # consecutive failures of an endpoint before it is no longer polled
+MAX_SLEEP = 60.0  # the poller wakes at least this often (a server noted meanwhile wakes it too)
 IDLE_INTERVAL = 15.0  # between polls while the application makes no model call (a scrape's pace)
 TIMEOUT = 1.0
 _OTEL_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_./-]{0,254}\Z")
@@ -127,7 +130,9 @@ class _State:
     normalized: dict[str, float | None] = field(default_factory=dict)
     models: tuple[_Model, ...] = ()
     latest: dict[str, Any] = field(default_factory=dict)
-    retry_at: dict[str, float] = field(default_factory=dict)  # path -> monotonic time
+    retry_at: dict[str, float] = field(default_factory=dict)  # path -> monotonic time (inf: stopped)
+    failures: dict[str, int] = field(default_factory=dict)  # path -> consecutive failures
+    generation: int = 0  # the policy's generation of the server when last polled
 
 
 class _NotItsFormat(Exception):
@@ -138,9 +143,11 @@ class RuntimeStateObserver:
     """Polls the registry's model servers for their state; see the module docstring."""
 
     def __init__(self, meter: Meter, registry: ServerRegistry, interval: float = 5.0,
-                 client: httpx.Client | None = None, activity: Activity | None = None) -> None:
+                 client: httpx.Client | None = None, activity: Activity | None = None,
+                 policy: PollPolicy | None = None) -> None:
         self._meter = meter
         self._registry = registry
+        self.policy = policy or PollPolicy()
         self.interval = interval
         self.activity = activity  # when given, polls slow to IDLE_INTERVAL while no call is made
         self._own_client = client is None
@@ -185,7 +192,7 @@ class RuntimeStateObserver:
             changed.clear()
             self.poll_once()
             # no wake-up while every endpoint is backed off; a newly noted server ends the wait
-            wait = max(self.interval, min(self._next_due(), ABSENT_RETRY))
+            wait = max(self.interval, min(self._next_due(), MAX_SLEEP))
             if self.activity is not None and self.activity.idle():
                 # the gauges stay fresh enough for a dashboard; the next call wakes the poller
                 self.activity.rest(max(wait, IDLE_INTERVAL))
@@ -198,11 +205,9 @@ class RuntimeStateObserver:
         """Seconds until an endpoint of a registered server is due for a poll (0: now)."""
         now = self._clock()
         soonest = math.inf
-        for server in self._registry.servers():
-            if not _may_probe(server):
-                continue
+        for server in self._pollable():
             state = self._states.get((server.host, server.port))
-            if state is None:
+            if state is None or state.generation != self.policy.generation(server.host, server.port):
                 return 0.0
             for path in _PATHS.get(server.runtime, (PATH_PS, PATH_METRICS)):
                 soonest = min(soonest, state.retry_at.get(path, 0.0) - now)
@@ -211,12 +216,24 @@ class RuntimeStateObserver:
         return soonest
 
     # -- polling --------------------------------------------------------------------------------
+    def _pollable(self) -> list[Server]:
+        """The registry's servers that the policy allows; none if it fails (never poll by mistake)."""
+        try:
+            with self._poll_lock:
+                return self.policy.pollable(self._registry.servers())
+        except Exception:
+            self._log_once(("policy",), "choosing the servers to poll failed; polling none",
+                           logging.WARNING, exc_info=True)
+            return []
+
     def poll_once(self) -> None:
-        """Poll every server of the registry once. Never raises."""
+        """Poll every server the policy allows once (endpoints backing off are skipped). Never raises."""
+        servers = self._pollable()
+        self._forget_unpolled({(s.host, s.port) for s in servers})
         # an application's own HTTP instrumentation (opentelemetry-instrumentation-httpx) would
         # trace every poll: these requests are ours, not the application's
         with self._poll_lock, suppress_http_instrumentation():
-            for server in self._registry.servers():
+            for server in servers:
                 if self._stop.is_set():
                     return
                 try:
@@ -225,13 +242,21 @@ class RuntimeStateObserver:
                     self._log_once((server, "bug"), f"polling {server.base_url} failed unexpectedly",
                                    logging.WARNING, exc_info=True)
 
+    def _forget_unpolled(self, polled: set[tuple[str, int]]) -> None:
+        """A server the policy no longer allows (its runtime process went away) reports nothing
+        stale; its endpoints keep their failure counts."""
+        for key, state in list(self._states.items()):
+            if key not in polled and (state.series or state.normalized or state.models or state.latest):
+                state.series, state.normalized, state.models, state.latest = {}, {}, (), {}
+
     def _poll_server(self, server: Server) -> None:
-        if not _may_probe(server):
-            return
         key = (server.host, server.port)
         state = self._states.get(key)
         if state is None:
             state = self._states[key] = _State(runtime=server.runtime)
+        generation = self.policy.generation(*key)
+        if generation != state.generation:  # another runtime process listens there now: afresh
+            state.generation, state.retry_at, state.failures = generation, {}, {}
         if server.runtime is not None:
             state.runtime = server.runtime
         fresh: dict[str, Any] = {}
@@ -257,6 +282,7 @@ class RuntimeStateObserver:
         if models is None:
             state.models = ()
             return {}
+        state.failures.pop(PATH_PS, None)
         if state.runtime is None:
             state.runtime = "ollama"
         state.models = tuple(models)
@@ -274,6 +300,7 @@ class RuntimeStateObserver:
         if families is None:
             state.series, state.normalized = {}, {}
             return {}
+        state.failures.pop(PATH_METRICS, None)
         samples = _samples(families, _names_in(text))
         if state.runtime is None:
             state.runtime = _infer_runtime(samples)
@@ -282,47 +309,48 @@ class RuntimeStateObserver:
         return dict(state.normalized)
 
     def _fetch(self, server: Server, state: _State, path: str, accept: str) -> bytes | None:
-        """The body of a 2xx answer, or None (problem logged once, absent endpoints backed off)."""
+        """The body of a 2xx answer, or None (the failure counted for the endpoint's back-off)."""
         url = f"{server.base_url}{path}"
         try:
             response = self._client.get(url, headers={"Accept": accept}, timeout=TIMEOUT)
         except httpx.HTTPError as exc:
-            self._log_once((server, path, "unreachable", type(exc).__name__),
-                           f"runtime state: {url} unreachable ({type(exc).__name__}); will retry",
-                           logging.WARNING)
+            self._failed(server, state, path, f"unreachable ({type(exc).__name__})")
             return None
         except RuntimeError:
             if self._stop.is_set():  # stop() closed the client during this poll
                 return None
             raise
-        if response.status_code in _BACK_OFF_STATUS:
-            state.retry_at[path] = self._clock() + ABSENT_RETRY
-            if response.status_code in _REFUSED_STATUS:
-                why, problem, level = " (it needs credentials)", "refused", logging.INFO
-            else:
-                why = " (llama-server needs --metrics)" if state.runtime == "llama.cpp" else ""
-                problem, level = "absent", logging.INFO if server.runtime is not None else logging.DEBUG
-            self._log_once((server, path, problem),
-                           f"runtime state: {url} answered {response.status_code}{why}; "
-                           f"re-checking every {ABSENT_RETRY:.0f} s", level)
-            return None
-        if not response.is_success:
-            self._log_once((server, path, "status", response.status_code),
-                           f"runtime state: {url} answered HTTP {response.status_code}; will retry",
-                           logging.WARNING)
-            return None
-        return response.content
+        status = response.status_code
+        if status in _REFUSED_STATUS:
+            self._failed(server, state, path, f"answered {status} (it needs credentials)",
+                         level=logging.INFO, at_once=True)
+        elif status in _ABSENT_STATUS:
+            why = " (llama-server needs --metrics)" if state.runtime == "llama.cpp" else ""
+            level = logging.INFO if server.runtime is not None else logging.DEBUG
+            self._failed(server, state, path, f"answered {status}{why}", level=level)
+        elif not response.is_success:
+            self._failed(server, state, path, f"answered HTTP {status}")
+        else:
+            return response.content
+        return None
 
     def _not_its_format(self, server: Server, state: _State, path: str, problem: str) -> None:
-        """Unknown runtime: probably not this kind of endpoint, back off. Known one: retry."""
-        url = f"{server.base_url}{path}"
-        if server.runtime is None:
-            state.retry_at[path] = self._clock() + ABSENT_RETRY
-            self._log_once((server, path, "format"), f"runtime state: {url}: {problem}; "
-                           f"re-checking every {ABSENT_RETRY:.0f} s", logging.DEBUG)
+        """A 2xx answer that is not the runtime's format: a failure like any other (quietly for an
+        unknown runtime, which was only probing)."""
+        level = logging.DEBUG if server.runtime is None else logging.WARNING
+        self._failed(server, state, path, problem, level=level)
+
+    def _failed(self, server: Server, state: _State, path: str, problem: str,
+                level: int = logging.WARNING, at_once: bool = False) -> None:
+        """Back the endpoint off exponentially; stop polling it (one log line) at the bound."""
+        failures = state.failures[path] = state.failures.get(path, 0) + 1
+        if at_once or failures >= MAX_FAILURES:
+            state.retry_at[path] = math.inf
+            after = "" if at_once else f" after {failures} consecutive failures"
+            self._log_once((server.host, server.port, path, "stopped", state.generation),
+                           f"runtime state: {server.base_url}{path}: {problem}; no longer polled{after}", level)
         else:
-            self._log_once((server, path, "format"), f"runtime state: {url}: {problem}; will retry",
-                           logging.WARNING)
+            state.retry_at[path] = self._clock() + self.interval * 2 ** (failures - 1)
 
     # -- re-emitted Prometheus series -----------------------------------------------------------
     def _series(self, server: Server, state: _State,
@@ -536,17 +564,3 @@ def _server_attrs(server: Server, runtime: str | None) -> dict[str, Any]:
     if runtime is not None:
         attrs[sc.LLM_RUNTIME_NAME] = runtime
     return attrs
-
-
-def _may_probe(server: Server) -> bool:
-    """Known runtimes always; unknown ones only when the host looks self-hosted (not port 443)."""
-    if server.runtime is not None:
-        return True
-    if server.port == 443:
-        return False
-    if server.is_local or ("." not in server.host and ":" not in server.host):
-        return True
-    try:
-        return ipaddress.ip_address(server.host).is_private
-    except ValueError:
-        return False
