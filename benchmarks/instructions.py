@@ -49,7 +49,8 @@ if config == "otel_llm":
         def export(self, spans): return SpanExportResult.SUCCESS
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(BatchSpanProcessor(Noop()))
-    otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=MeterProvider(metric_readers=[InMemoryMetricReader()]),
+    meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider,
                         host_metrics=False, gpu_metrics=False, runtime_metrics=False)
 if stack == "httpx":
     import httpx

@@ -127,7 +127,7 @@ def _requests(tokens: int | None) -> Work:
         with requests.Session() as session:
             for _ in range(calls):
                 if tokens is None:
-                    session.post(url, json={**BODY, "max_tokens": SHORT}).content
+                    _ = session.post(url, json={**BODY, "max_tokens": SHORT}).content
                     continue
                 chunks = 0
                 with session.post(url, json={**BODY, "stream": True, "max_tokens": tokens}, stream=True) as response:

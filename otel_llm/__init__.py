@@ -18,7 +18,9 @@ def instrument(**options: Any) -> None:
 
     Options (each also read from an ``OTEL_LLM_*`` environment variable, see the README):
     ``service_name``, ``endpoint``, ``protocol``, ``tracer_provider``, ``meter_provider``,
-    ``capture_content``, ``runtimes``, ``llm_routes``, ``traces_file``, ``console_summary``.
+    ``capture_content``, ``runtimes``, ``llm_routes``, ``traces_file``, ``console_summary``, and
+    the observers' ``host_metrics``, ``gpu_metrics``, ``runtime_metrics``, ``poll_runtimes``,
+    ``sample_interval``.
     """
     from otel_llm.instrumentor import OtelLlmInstrumentor
 

@@ -1,5 +1,5 @@
 # Literal values only: tooling may exec() this file.
-# Either httpx or httpx2 is enough; whichever is importable gets instrumented.
+# Any one of these is enough; whichever are importable get instrumented.
 _instruments = ()
-_instruments_any = ("httpx >= 0.27", "httpx2 >= 2")
+_instruments_any = ("httpx >= 0.27", "httpx2 >= 2", "aiohttp >= 3.9", "urllib3 >= 2")
 _supports_metrics = True

@@ -104,6 +104,20 @@ def test_decoder_handles_what_servers_send() -> None:
     assert decoder_for(None) is None and decoder_for("identity") is None and decoder_for("") is None
 
 
+def test_br_and_zstd_with_their_codecs_installed() -> None:
+    import brotli
+    import zstandard
+
+    from otel_llm.parse.encoding import supported_encodings
+
+    assert supported_encodings() == ["gzip", "deflate", "br", "zstd"]
+    data = os.urandom(2000).hex().encode()
+    assert _decode("br", [brotli.compress(data)[:100], brotli.compress(data)[100:]]) == data
+    frame = zstandard.ZstdCompressor().compress(data)
+    assert _decode("zstd", [frame[:50], frame[50:]]) == data
+    assert _decode("gzip, br", [brotli.compress(gzip.compress(data))]) == data
+
+
 def test_bad_encodings_stop_decoding_without_an_error() -> None:
     unknown = decoder_for("x-unknown")
     assert unknown is not None and unknown.decode([1], [b"abc"]) == ([], []) and unknown.broken

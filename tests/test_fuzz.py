@@ -593,6 +593,13 @@ def server() -> Iterator[PlanServer]:
 
 
 def _receive(lib: Any, is_async: bool, stream: bool, url: str, body: dict[str, Any]) -> bytes:
+    if lib == "aiohttp":
+        return asyncio.run(_receive_aiohttp(stream, url, body))
+    if lib == "requests":
+        import requests
+
+        with requests.post(url, json=body, stream=stream, timeout=30) as response:
+            return b"".join(response.raw.stream(1024, decode_content=False)) if stream else response.content
     if not is_async:
         with lib.Client(timeout=30) as client:
             if stream:
@@ -610,6 +617,16 @@ def _receive(lib: Any, is_async: bool, stream: bool, url: str, body: dict[str, A
     return asyncio.run(main())
 
 
+async def _receive_aiohttp(stream: bool, url: str, body: dict[str, Any]) -> bytes:
+    import aiohttp
+
+    async with aiohttp.ClientSession(auto_decompress=False) as session:
+        async with session.post(url, json=body) as response:
+            if stream:
+                return b"".join([chunk async for chunk in response.content.iter_any()])
+            return await response.read()
+
+
 _server_timing = st.lists(
     st.tuples(st.sampled_from(["db", "queue", "Up-stream", "a" * 40, "x y", "", "gw.1"]),
               st.sampled_from(["12.5", "NaN", "-1", "1e400", "inf", "", '"3"', "abc", "0"])), max_size=12).map(
@@ -619,7 +636,8 @@ _server_timing = st.lists(
 @settings(FUZZ, max_examples=int(60 * SCALE), suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                                            HealthCheck.data_too_large])
 @given(path=st.sampled_from(STREAM_FILES + BODY_FILES), seed=st.integers(0, 2**32), cuts=st.lists(st.integers(0, 10**6), max_size=30),
-       client=st.sampled_from([(httpx, False), (httpx, True), (httpx2, False), (httpx2, True)]),
+       client=st.sampled_from([(httpx, False), (httpx, True), (httpx2, False), (httpx2, True), ("aiohttp", True),
+                               ("requests", False)]),
        stream=st.booleans(), chunked=st.booleans(), status=st.sampled_from([200, 200, 200, 400, 500]),
        extra=_tgi_headers, timing=_server_timing, mutated=st.booleans())
 def test_bytes_pass_through_unchanged(server: PlanServer, otel: Otel, path: Path, seed: int, cuts: list[int],

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
+import httpx
 import pytest
 import requests
 import trustme
@@ -132,7 +133,7 @@ def test_requests_pool_wait(sim, otel: Otel) -> None:
 
     def one() -> None:
         with session.post(f"{sim.base_url}/v1/chat/completions", json=STREAM, stream=True) as response:
-            response.content
+            _ = response.content
 
     threads = [threading.Thread(target=one) for _ in range(2)]
     for thread in threads:
@@ -162,7 +163,7 @@ def test_trace_context_reaches_the_server_and_the_app_headers_stay_its_own(otel:
 
     _aio(run())
     with requests.post(url, json=STREAM, headers=app_headers, stream=True) as response:
-        response.content
+        _ = response.content
         assert "traceparent" not in response.request.headers  # the app's prepared request is untouched
     urllib3.PoolManager().request("POST", url, json=STREAM, headers=app_headers)
     assert app_headers == {"x-app": "1"}
@@ -346,3 +347,124 @@ def test_errors_end_the_call(sim, otel: Otel, client: str) -> None:
     assert cut.attributes[sc.LLM_CLIENT_END_REASON] == "error"
     assert cut.attributes[sc.ERROR_TYPE] in ("urllib3.ProtocolError", "aiohttp.ClientPayloadError")
     assert cut.attributes[sc.LLM_CLIENT_CHUNKS] == 3
+
+
+# -- every way an application reads, and nothing left behind -----------------------------------
+def _requests_reads(url: str) -> list[bytes]:
+    def raw_read(response: Any) -> bytes:
+        out = b""
+        while block := response.raw.read(100):
+            out += block
+        return out
+
+    readers = [lambda r: b"\n".join(r.iter_lines()) + b"\n", lambda r: b"".join(r.iter_content(7)),
+               lambda r: b"".join(r.iter_content(None)), raw_read, lambda r: r.content,
+               lambda r: b"".join(r.raw.stream(50))]
+    results = []
+    for reader in readers:
+        with requests.post(url, json=STREAM, stream=True) as response:
+            results.append(reader(response))
+    return results
+
+
+def _aiohttp_reads(url: str) -> list[bytes]:
+    async def read_n(content: Any) -> bytes:
+        out = b""
+        while block := await content.read(33):
+            out += block
+        return out
+
+    async def exactly(content: Any) -> bytes:
+        head = await content.readexactly(20)
+        return head + await content.read()
+
+    readers = [lambda c: c.read(), read_n, exactly, lambda c: c.readany(),
+               lambda c: _join(c.iter_chunked(9)), lambda c: _join(c.iter_any()), lambda c: _join(c),
+               lambda c: _join_chunks(c.iter_chunks())]
+
+    async def run() -> list[bytes]:
+        results = []
+        async with aiohttp.ClientSession() as session:
+            for reader in readers:
+                async with session.post(url, json=STREAM) as response:
+                    data = await reader(response.content)
+                    results.append(data + await response.content.read())  # readany: the rest
+        return results
+
+    return _aio(run())
+
+
+async def _join(iterator: Any) -> bytes:
+    return b"".join([piece async for piece in iterator])
+
+
+async def _join_chunks(iterator: Any) -> bytes:
+    return b"".join([piece async for piece, _ in iterator])
+
+
+@pytest.mark.parametrize("client", ["requests", "aiohttp"])
+def test_every_read_style_gets_the_bytes_and_one_complete_call(sim, otel: Otel, client: str) -> None:
+    configure_sim(sim, tokens=6, first_token_delay=0.02, token_interval=0.002, runtime="llama.cpp")
+    url = f"{sim.base_url}/v1/chat/completions"
+    expected = httpx.post(url, json=STREAM).text.encode()
+    otel.clear()
+    results = _requests_reads(url) if client == "requests" else _aiohttp_reads(url)
+    for data in results:  # the same answer each time, but for its ids and timestamps
+        assert data.count(b"data: ") == expected.count(b"data: ") and b" tok5" in data
+    calls = sorted(otel.calls(), key=lambda c: c.start_time)
+    assert len(calls) == len(results)
+    for index, call in enumerate(calls):
+        attrs = call.attributes
+        assert attrs[sc.LLM_CLIENT_END_REASON] == "eof", index
+        assert attrs[sc.LLM_CLIENT_CHUNKS] == 6, index
+        assert attrs[sc.LLM_CLIENT_RESPONSE_BYTES] == len(results[index]), index
+        assert attrs[sc.LLM_RUNTIME_NAME] == "llama.cpp", index
+
+
+def test_adapters_leave_nothing_behind(sim) -> None:
+    """Many calls ended every way: no call, reader or response is kept afterwards."""
+    import httpx as _httpx  # noqa: F401 - imported by the fixtures' clients too
+
+    from otel_llm.capture import aiohttp as aiohttp_adapter
+    from otel_llm.capture import urllib3 as urllib3_adapter
+    from otel_llm.instrumentor import current_telemetry
+
+    state = make_otel()
+    otel_llm.instrument(tracer_provider=state.tracer_provider, meter_provider=state.meter_provider,
+                        host_metrics=False, gpu_metrics=False, runtime_metrics=False)
+    configure_sim(sim, tokens=20, first_token_delay=0.0, token_interval=0.001)
+    url = f"{sim.base_url}/v1/chat/completions"
+
+    async def aio(round_: int) -> None:
+        async with aiohttp.ClientSession() as session:
+            for index in range(40):
+                async with session.post(url, json=STREAM) as response:
+                    if (index + round_) % 3:
+                        await response.read()
+                    else:
+                        await response.content.readline()  # early exit
+
+    try:
+        for round_ in range(3):
+            _aio(aio(round_))
+            with requests.Session() as session:
+                for index in range(40):
+                    response = session.post(url, json=STREAM, stream=True)
+                    if index % 3 == 0:
+                        next(response.iter_lines())
+                        response.close()
+                    elif index % 3 == 1:
+                        del response  # dropped unread
+                    else:
+                        _ = response.content
+                response = None  # the application's last reference
+        gc.collect()
+        flush_collected()
+        telemetry = current_telemetry()
+        assert telemetry is not None
+        assert len(telemetry.live) == 0
+        assert not aiohttp_adapter._READERS and not list(aiohttp_adapter._RESPONSES.keys())
+        assert not list(urllib3_adapter._RESPONSES.keys())
+        assert len(state.calls()) == 240
+    finally:
+        otel_llm.uninstrument()

@@ -241,12 +241,12 @@ def _head_arrived(call: LlmCall, response: Any, transport: Any) -> None:
         call.tls_info(ssl_object.version(), cipher[0] if cipher else None, ssl_object.selected_alpn_protocol())
 
 
-def _response_started(call: LlmCall, response: Any, decoded: bool, reader_class: type, stream_reader: type) -> None:
+def _response_started(call: LlmCall, response: Any, decoded: bool, reader_class: Any, stream_reader: Any) -> None:
     call.response_started(response.status, response.headers, decoded=decoded)
     _RESPONSES[response] = call
     watch(response, call)
-    content = response.content
-    if type(content) is stream_reader:  # not the shared empty reader of bodiless answers
+    content: Any = response.content
+    if content.__class__ is stream_reader:  # not the shared empty reader of bodiless answers
         content.__class__ = reader_class
         _READERS[id(content)] = call
         weakref.finalize(response, _READERS.pop, id(content), None)

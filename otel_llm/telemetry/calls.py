@@ -1,6 +1,6 @@
 """The sink of captured calls: start a model call (sampling decision, ``traceparent``), and
-build the rest of its telemetry once when it finishes: phases from the recorded marks, attributes from request, response and
-timeline, the span tree (see ``spans``) and the metrics.
+build the rest of its telemetry once when it finishes: phases from the recorded marks,
+attributes from request, response and timeline, the span tree (see ``spans``) and the metrics.
 """
 
 from __future__ import annotations
