@@ -464,7 +464,8 @@ def test_adapters_leave_nothing_behind(sim) -> None:
         assert telemetry is not None
         assert len(telemetry.live) == 0
         assert not aiohttp_adapter._READERS and not list(aiohttp_adapter._RESPONSES.keys())
-        assert not list(urllib3_adapter._RESPONSES.keys())
+        assert not [o for o in gc.get_objects() if isinstance(o, urllib3.HTTPResponse)
+                    and urllib3_adapter._CALL in vars(o)]
         assert len(state.calls()) == 240
     finally:
         otel_llm.uninstrument()

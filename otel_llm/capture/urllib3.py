@@ -21,9 +21,7 @@ thread, so the hooks deeper in the stack find the call in ``CURRENT_CALL``):
 
 from __future__ import annotations
 
-import contextvars
 import socket
-import weakref
 from typing import Any, Callable
 
 from otel_llm._log import log_once
@@ -34,7 +32,9 @@ from otel_llm.capture.httpcore_dns import is_ip
 __all__ = ["patches"]
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
-_RESPONSES: weakref.WeakKeyDictionary[Any, LlmCall] = weakref.WeakKeyDictionary()
+# On a model call's HTTPResponse (its own __dict__): the call, and whether one of the wrapped
+# reads is running (urllib3 releases and closes the response inside them).
+_CALL, _READING = "_otel_llm_call", "_otel_llm_reading"
 _URLOPEN_ARGS = ("method", "url", "body", "headers", "retries", "redirect", "assert_same_host", "timeout",
                  "pool_timeout", "release_conn", "chunked", "body_pos", "preload_content", "decode_content")
 
@@ -93,8 +93,6 @@ def _urlopen_wrapper(get_sink: SinkGetter, header_dict: type) -> Callable[..., A
             raise
         finally:
             CURRENT_CALL.reset(token)
-        if not call.finished:
-            _RESPONSES[response] = call
         return response
 
     return wrapper
@@ -179,56 +177,85 @@ def _create_connection(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> A
     raise error or OSError(f"getaddrinfo returned no address for {host}")
 
 
-def _call_of(response: Any) -> LlmCall | None:
-    call = _RESPONSES.get(response)
-    return call if call is not None else CURRENT_CALL.get()  # a body preloaded inside urlopen
+def _response_init(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    """``HTTPResponse.__init__`` inside a model call's ``urlopen``: the response belongs to the
+    call from the start (a preloaded body is read inside ``__init__``)."""
+    call = CURRENT_CALL.get()
+    if call is not None:
+        instance.__dict__[_CALL] = call
+    return wrapped(*args, **kwargs)
 
 
-# the response whose body a wrapped read is reading on this thread: urllib3 releases the
-# connection at the end of the body inside that read, before the read has returned its bytes
-_IN_READ: contextvars.ContextVar[Any] = contextvars.ContextVar("otel_llm_urllib3_read", default=None)
+def _end(response: Any, call: LlmCall, reason: str, exc: BaseException | None = None) -> None:
+    response.__dict__.pop(_CALL, None)  # later reads record nothing
+    if exc is None:
+        call.finish(reason)
+    else:
+        call.finish_from_exception(exc)
 
 
-def _reading(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-    """``_raw_read`` / ``_handle_chunk``: the wire bytes of the body, as the application pulls them."""
-    call = _call_of(instance)
-    if call is None or call.finished:
+def _handle_chunk(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    """``_handle_chunk``: one chunk of a chunked body, off the wire, as the application pulls it
+    (the hot path: one dictionary lookup when it is no model call)."""
+    call = instance.__dict__.get(_CALL)
+    if call is None:
         return wrapped(*args, **kwargs)
-    token = _IN_READ.set(instance)
     try:
         data = wrapped(*args, **kwargs)
     except BaseException as exc:
-        call.finish_from_exception(exc)
+        _end(instance, call, "", exc)
         raise
-    finally:
-        _IN_READ.reset(token)
     if data:
         call.chunk(data)
-    # a read that returned normally with the body closed under it reached the end (http.client
-    # closes a close-delimited body at EOF)
-    if _at_end(instance) or instance.isclosed():
-        call.finish(END_EOF)
     return data
 
 
 def _chunk_length(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-    """``_update_chunk_length``: a body cut short fails here (after urllib3 closed the response)."""
-    call = _call_of(instance)
-    if call is None or call.finished:
+    """``_update_chunk_length``: the last chunk (length 0) is the end of the body; a body cut
+    short fails here, after urllib3 closed the response."""
+    state = instance.__dict__
+    call = state.get(_CALL)
+    if call is None:
         return wrapped(*args, **kwargs)
-    token = _IN_READ.set(instance)
+    state[_READING] = True
     try:
-        return wrapped(*args, **kwargs)
+        result = wrapped(*args, **kwargs)
     except BaseException as exc:
-        call.finish_from_exception(exc)
+        _end(instance, call, "", exc)
         raise
     finally:
-        _IN_READ.reset(token)
+        state[_READING] = False
+    if instance.chunk_left == 0:
+        _end(instance, call, END_EOF)
+    return result
+
+
+def _raw_read(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    """``_raw_read``: the bytes of a body that is not chunked (and of ``read()`` on any)."""
+    state = instance.__dict__
+    call = state.get(_CALL)
+    if call is None:
+        return wrapped(*args, **kwargs)
+    state[_READING] = True
+    try:
+        data = wrapped(*args, **kwargs)
+    except BaseException as exc:
+        _end(instance, call, "", exc)
+        raise
+    finally:
+        state[_READING] = False
+    if data:
+        call.chunk(data)
+    remaining = instance.length_remaining
+    # a read that returned with the body closed under it reached the end (http.client closes a
+    # close-delimited body at EOF; urllib3 a fully read Content-Length one)
+    if (remaining is not None and remaining <= 0) or instance.isclosed():
+        _end(instance, call, END_EOF)
+    return data
 
 
 def _at_end(response: Any) -> bool:
-    """The whole body came in (the last chunk, or all of a Content-Length). A close-delimited
-    body's end is seen by the read that returns nothing."""
+    """The whole body came in (the last chunk, or all of a Content-Length)."""
     if getattr(response, "chunked", False):
         return getattr(response, "chunk_left", None) == 0
     remaining = getattr(response, "length_remaining", None)
@@ -238,12 +265,10 @@ def _at_end(response: Any) -> bool:
 def _ended(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     """``release_conn`` (urllib3 calls it at the end of the body; the application may call it
     early) and ``close`` (an early close, or the response's collection: ``__del__`` closes it)."""
-    if _IN_READ.get() is not instance:  # else the read that got here ends the call itself
-        call = _RESPONSES.get(instance)
-        if call is None and wrapped.__name__ == "release_conn":
-            call = CURRENT_CALL.get()  # a body preloaded inside urlopen
-        if call is not None and not call.finished:
-            call.finish(END_EOF if _at_end(instance) else END_CLOSED)
+    state = instance.__dict__
+    call = state.get(_CALL)
+    if call is not None and not state.get(_READING):  # else the read running ends the call itself
+        _end(instance, call, END_EOF if _at_end(instance) else END_CLOSED)
     return wrapped(*args, **kwargs)
 
 
@@ -267,8 +292,9 @@ def patches(get_sink: SinkGetter) -> list[Patch]:
         Patch(connection, "HTTPConnection.request",
               _timed(LlmCall.request_started, lambda call, result: call.request_sent())),
         Patch(http_client, "HTTPConnection.getresponse", _timed(None, _head)),
-        Patch(response, "HTTPResponse._raw_read", _reading),
-        Patch(response, "HTTPResponse._handle_chunk", _reading),
+        Patch(response, "HTTPResponse.__init__", _response_init),
+        Patch(response, "HTTPResponse._raw_read", _raw_read),
+        Patch(response, "HTTPResponse._handle_chunk", _handle_chunk),
         Patch(response, "HTTPResponse._update_chunk_length", _chunk_length),
         Patch(response, "HTTPResponse.release_conn", _ended),
         Patch(response, "HTTPResponse.close", _ended),
