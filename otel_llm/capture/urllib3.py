@@ -12,11 +12,10 @@ thread, so the hooks deeper in the stack find the call in ``CURRENT_CALL``):
   ``_ssl_wrap_socket_and_match_hostname`` (the TLS handshake), ``HTTPConnection.request``
   (headers and body written; plain HTTP connects lazily inside it) and http.client's
   ``getresponse`` (the head arrived, before urllib3 may preload the body).
-* ``HTTPResponse._raw_read`` and ``_handle_chunk``: every body read ends in one of them, with
-  the bytes as they came off the wire (decoded for parsing only), as the application pulls them
-  (``iter_content``, ``iter_lines``, ``raw.read``, ``stream``, ``.content``).
-* ``HTTPResponse.release_conn`` (urllib3 calls it at the end of the body) and ``close`` (the
-  application's early close, or the response's collection: urllib3 responses close in ``__del__``).
+* ``HTTPResponse.__init__``: a model call's response gets a subclass (``_TracedResponse``) whose
+  body reads hand the call the bytes as they came off the wire (decoded for parsing only), as
+  the application pulls them (``iter_content``, ``iter_lines``, ``raw.read``, ``stream``,
+  ``.content``), and whose ``release_conn``/``close`` end it.
 """
 
 from __future__ import annotations
@@ -177,12 +176,97 @@ def _create_connection(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> A
     raise error or OSError(f"getaddrinfo returned no address for {host}")
 
 
+class _TracedResponse:
+    """Mixed into a model call's response class (assigned as its ``__class__`` before
+    ``__init__``, so a preloaded body is seen too): every body read ends in ``_raw_read`` or, for
+    a chunked body, ``_update_chunk_length`` and ``_handle_chunk``, with the bytes as they came
+    off the wire; the application is done at ``release_conn`` or ``close``. Other responses keep
+    their class and pay nothing."""
+
+    __slots__ = ()
+
+    def _handle_chunk(self, amt: int | None) -> bytes:
+        call = self.__dict__.get(_CALL)
+        try:
+            data: bytes = super()._handle_chunk(amt)  # type: ignore[misc]
+        except BaseException as exc:
+            if call is not None:
+                _end(self, call, "", exc)
+            raise
+        if call is not None and data:
+            call.chunk(data)
+        return data
+
+    def _update_chunk_length(self) -> None:
+        # the last chunk (length 0) ends the body; a body cut short fails here, after urllib3
+        # closed the response under it
+        state = self.__dict__
+        call = state.get(_CALL)
+        state[_READING] = True
+        try:
+            super()._update_chunk_length()  # type: ignore[misc]
+        except BaseException as exc:
+            if call is not None:
+                _end(self, call, "", exc)
+            raise
+        finally:
+            state[_READING] = False
+        if call is not None and self.chunk_left == 0:  # type: ignore[attr-defined]
+            _end(self, call, END_EOF)
+
+    def _raw_read(self, *args: Any, **kwargs: Any) -> bytes:
+        state = self.__dict__
+        call = state.get(_CALL)
+        state[_READING] = True
+        try:
+            data: bytes = super()._raw_read(*args, **kwargs)  # type: ignore[misc]
+        except BaseException as exc:
+            if call is not None:
+                _end(self, call, "", exc)
+            raise
+        finally:
+            state[_READING] = False
+        if call is not None:
+            if data:
+                call.chunk(data)
+            remaining = self.length_remaining  # type: ignore[attr-defined]
+            # a read that returned with the body closed under it reached the end (http.client
+            # closes a close-delimited body at EOF, urllib3 a fully read Content-Length one)
+            if (remaining is not None and remaining <= 0) or self.isclosed():  # type: ignore[attr-defined]
+                _end(self, call, END_EOF)
+        return data
+
+    def release_conn(self) -> None:
+        # urllib3 calls it at the end of the body; the application may call it early
+        _ended(self)
+        super().release_conn()  # type: ignore[misc]
+
+    def close(self) -> None:
+        # an early close, or the response's collection (urllib3 responses close in __del__)
+        _ended(self)
+        super().close()  # type: ignore[misc]
+
+
+_TRACED: dict[type, type] = {}
+
+
+def _traced_class(cls: type) -> type:
+    traced = _TRACED.get(cls)
+    if traced is None:
+        traced = _TRACED[cls] = type(cls.__name__, (_TracedResponse, cls), {"__slots__": ()})
+    return traced
+
+
 def _response_init(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-    """``HTTPResponse.__init__`` inside a model call's ``urlopen``: the response belongs to the
-    call from the start (a preloaded body is read inside ``__init__``)."""
+    """``HTTPResponse.__init__``: inside a model call's ``urlopen``, the response belongs to the
+    call from the start."""
     call = CURRENT_CALL.get()
     if call is not None:
-        instance.__dict__[_CALL] = call
+        try:
+            instance.__class__ = _traced_class(type(instance))
+            instance.__dict__[_CALL] = call
+        except TypeError:  # a response class whose layout cannot take the mix-in: untraced body
+            log_once("tracing a urllib3 response body failed")
     return wrapped(*args, **kwargs)
 
 
@@ -194,66 +278,6 @@ def _end(response: Any, call: LlmCall, reason: str, exc: BaseException | None = 
         call.finish_from_exception(exc)
 
 
-def _handle_chunk(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-    """``_handle_chunk``: one chunk of a chunked body, off the wire, as the application pulls it
-    (the hot path: one dictionary lookup when it is no model call)."""
-    call = instance.__dict__.get(_CALL)
-    if call is None:
-        return wrapped(*args, **kwargs)
-    try:
-        data = wrapped(*args, **kwargs)
-    except BaseException as exc:
-        _end(instance, call, "", exc)
-        raise
-    if data:
-        call.chunk(data)
-    return data
-
-
-def _chunk_length(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-    """``_update_chunk_length``: the last chunk (length 0) is the end of the body; a body cut
-    short fails here, after urllib3 closed the response."""
-    state = instance.__dict__
-    call = state.get(_CALL)
-    if call is None:
-        return wrapped(*args, **kwargs)
-    state[_READING] = True
-    try:
-        result = wrapped(*args, **kwargs)
-    except BaseException as exc:
-        _end(instance, call, "", exc)
-        raise
-    finally:
-        state[_READING] = False
-    if instance.chunk_left == 0:
-        _end(instance, call, END_EOF)
-    return result
-
-
-def _raw_read(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-    """``_raw_read``: the bytes of a body that is not chunked (and of ``read()`` on any)."""
-    state = instance.__dict__
-    call = state.get(_CALL)
-    if call is None:
-        return wrapped(*args, **kwargs)
-    state[_READING] = True
-    try:
-        data = wrapped(*args, **kwargs)
-    except BaseException as exc:
-        _end(instance, call, "", exc)
-        raise
-    finally:
-        state[_READING] = False
-    if data:
-        call.chunk(data)
-    remaining = instance.length_remaining
-    # a read that returned with the body closed under it reached the end (http.client closes a
-    # close-delimited body at EOF; urllib3 a fully read Content-Length one)
-    if (remaining is not None and remaining <= 0) or instance.isclosed():
-        _end(instance, call, END_EOF)
-    return data
-
-
 def _at_end(response: Any) -> bool:
     """The whole body came in (the last chunk, or all of a Content-Length)."""
     if getattr(response, "chunked", False):
@@ -262,14 +286,11 @@ def _at_end(response: Any) -> bool:
     return remaining is not None and remaining <= 0
 
 
-def _ended(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-    """``release_conn`` (urllib3 calls it at the end of the body; the application may call it
-    early) and ``close`` (an early close, or the response's collection: ``__del__`` closes it)."""
-    state = instance.__dict__
+def _ended(response: Any) -> None:
+    state = response.__dict__
     call = state.get(_CALL)
     if call is not None and not state.get(_READING):  # else the read running ends the call itself
-        _end(instance, call, END_EOF if _at_end(instance) else END_CLOSED)
-    return wrapped(*args, **kwargs)
+        _end(response, call, END_EOF if _at_end(response) else END_CLOSED)
 
 
 def patches(get_sink: SinkGetter) -> list[Patch]:
@@ -293,9 +314,4 @@ def patches(get_sink: SinkGetter) -> list[Patch]:
               _timed(LlmCall.request_started, lambda call, result: call.request_sent())),
         Patch(http_client, "HTTPConnection.getresponse", _timed(None, _head)),
         Patch(response, "HTTPResponse.__init__", _response_init),
-        Patch(response, "HTTPResponse._raw_read", _raw_read),
-        Patch(response, "HTTPResponse._handle_chunk", _handle_chunk),
-        Patch(response, "HTTPResponse._update_chunk_length", _chunk_length),
-        Patch(response, "HTTPResponse.release_conn", _ended),
-        Patch(response, "HTTPResponse.close", _ended),
     ]
