@@ -114,12 +114,31 @@ def per_call(valgrind: str, config: str, stack: str, count: int, tokens: int, ur
     return (runs[1] - runs[0]) / count
 
 
+def _compare(figures: dict[str, dict[str, float]], tokens: int) -> None:
+    """Per chunk, and each stack against the httpx path (where both were measured)."""
+    reference = figures.get("httpx", {})
+    if any("chunk_added" in row for row in figures.values()):
+        print(f"per chunk (a {tokens}-token stream minus a {SHORT}-token one, per token):")
+    for stack, row in figures.items():
+        parts = []
+        if "chunk_added" in row:
+            parts.append(f"  {stack:9s} {row['chunk_added'] / 1e3:8.1f} k instructions added")
+        if stack != "httpx":
+            for key, label in (("call_added", "per call"), ("chunk_added", "per chunk")):
+                if key in row and reference.get(key):
+                    parts.append(f"{stack} vs the httpx path, {label}: {row[key] / reference[key]:.2f}x (target <= 1.5x)")
+        for part in parts:
+            print(part)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--stacks", default=",".join(STACKS))
     parser.add_argument("--calls", type=int, default=30, help="N non-streamed calls (and 2N)")
     parser.add_argument("--streams", type=int, default=6, help="N streamed calls (and 2N)")
     parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--workloads", default="call,short,long",
+                        help="among call (non-streamed), short and long (streams; both give the per-chunk figure)")
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument("--source", type=Path, default=ROOT,
                         help="checkout whose otel_llm the children import (default: this one)")
@@ -129,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     valgrind = shutil.which("valgrind")
     if valgrind is None:
         parser.error("valgrind is not installed")
+    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    if not workloads or set(workloads) - {"call", "short", "long"}:
+        parser.error("workloads must be among call, short, long")
     stacks = [s.strip() for s in args.stacks.split(",") if s.strip()]
     if not stacks or set(stacks) - set(STACKS):
         parser.error(f"stacks must be among {', '.join(STACKS)}")
@@ -142,21 +164,17 @@ def main(argv: list[str] | None = None) -> int:
             row = {}
             for workload, count, tokens in (("call", args.calls, 0), ("short", args.streams, SHORT),
                                             ("long", args.streams, args.tokens)):
+                if workload not in workloads:
+                    continue
                 base = per_call(valgrind, "none", stack, count, tokens, url, Path(tmp))
                 ours = per_call(valgrind, "otel_llm", stack, count, tokens, url, Path(tmp))
                 row[f"{workload}_base"], row[f"{workload}_added"] = base, ours - base
                 print(f"{stack:9s} {workload:6s} client {base / 1e6:8.3f} M instructions per call, "
                       f"otel_llm adds {(ours - base) / 1e6:7.3f} M", flush=True)
-            row["chunk_added"] = (row["long_added"] - row["short_added"]) / (args.tokens - SHORT)
+            if "short" in workloads and "long" in workloads:
+                row["chunk_added"] = (row["long_added"] - row["short_added"]) / (args.tokens - SHORT)
             figures[stack] = row
-    print(f"per chunk (a {args.tokens}-token stream minus a {SHORT}-token one, per token):")
-    for stack, row in figures.items():
-        line = f"  {stack:9s} {row['chunk_added'] / 1e3:8.1f} k instructions added"
-        if stack != "httpx" and "httpx" in figures:
-            reference = figures["httpx"]
-            line += (f"; vs the httpx path: per call {row['call_added'] / reference['call_added']:.2f}x, "
-                     f"per chunk {row['chunk_added'] / reference['chunk_added']:.2f}x (target <= 1.5x each)")
-        print(line)
+    _compare(figures, args.tokens)
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2))
     return 0

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 OTEL_LLM = str(Path(sys.executable).with_name("otel-llm"))
@@ -43,6 +44,35 @@ def test_benchmark_script_runs_and_reports_ratios() -> None:
                             env=ENV)
     assert result.returncode == 0, result.stderr
     assert "added CPU per call:" in result.stdout and "added CPU per streamed chunk:" in result.stdout
+
+
+def test_benchmark_script_compares_each_stack_with_the_httpx_path() -> None:
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "overhead.py"), "--rounds", "1",
+                             "--calls", "10", "--streams", "2", "--stacks", "httpx,aiohttp,requests"],
+                            capture_output=True, text=True, timeout=300, env=ENV)
+    assert result.returncode == 0, result.stderr
+    rows = re.findall(r"^(httpx|aiohttp|requests) +(httpx-official|otel_llm) ", result.stdout, re.M)
+    assert rows == [("httpx", "httpx-official"), ("httpx", "otel_llm"), ("aiohttp", "otel_llm"),
+                    ("requests", "otel_llm")], result.stdout
+    for stack in ("aiohttp", "requests"):
+        assert re.search(rf"^{stack} path / httpx path, otel_llm's added CPU: per call -?[\d.]+x .* per chunk", result.stdout,
+                         re.M), result.stdout
+
+
+@pytest.mark.timeout(900)
+def test_instruction_counts_run_under_callgrind() -> None:
+    """``python benchmarks/instructions.py``, shortened to one non-streamed call, on two stacks
+    (four children under callgrind each: about 3 minutes)."""
+    assert "python benchmarks/instructions.py" in (ROOT / "README.md").read_text()
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "instructions.py"), "--stacks",
+                             "httpx,requests", "--calls", "1", "--workloads", "call"], capture_output=True, text=True,
+                            timeout=880, env=ENV)
+    assert result.returncode == 0, result.stderr
+    added = re.findall(r"^(httpx|requests) +call +client +([\d.]+) M instructions per call, otel_llm adds +(-?[\d.]+) M",
+                       result.stdout, re.M)
+    assert [stack for stack, _, _ in added] == ["httpx", "requests"], result.stdout
+    assert all(float(client) > 0.1 and float(ours) > 0.1 for _, client, ours in added), result.stdout
+    assert re.search(r"^requests vs the httpx path, per call: [\d.]+x", result.stdout, re.M), result.stdout
 
 
 def test_breakdown_benchmark_runs_and_reports_each_part() -> None:
