@@ -195,35 +195,29 @@ def _httpx_sync(module: str) -> Driver:
     return drive
 
 
-def _httpx_async(base: str, model: str, streamed: bool, max_tokens: int) -> str:
-    import httpx
+def _httpx_async(transport: Callable[[], Any] | None = None) -> Driver:
+    def drive(base: str, model: str, streamed: bool, max_tokens: int) -> str:
+        import httpx
 
-    async def run() -> str:
-        async with httpx.AsyncClient(timeout=30) as client:
-            body = _body(model, streamed, max_tokens)
-            if not streamed:
-                response = await client.post(f"{base}/v1/chat/completions", json=body)
-                return response.json()["choices"][0]["message"]["content"]
-            async with client.stream("POST", f"{base}/v1/chat/completions", json=body) as response:
-                return _sse_text([line async for line in response.aiter_lines()])
+        async def run() -> str:
+            options = {"transport": transport()} if transport is not None else {}
+            async with httpx.AsyncClient(timeout=30, **options) as client:
+                body = _body(model, streamed, max_tokens)
+                if not streamed:
+                    response = await client.post(f"{base}/v1/chat/completions", json=body)
+                    return response.json()["choices"][0]["message"]["content"]
+                async with client.stream("POST", f"{base}/v1/chat/completions", json=body) as response:
+                    return _sse_text([line async for line in response.aiter_lines()])
 
-    return asyncio.run(run())
+        return asyncio.run(run())
+
+    return drive
 
 
-def _httpx_aiohttp(base: str, model: str, streamed: bool, max_tokens: int) -> str:
-    import httpx
+def _aiohttp_transport() -> Any:
     import httpx_aiohttp
 
-    async def run() -> str:
-        async with httpx.AsyncClient(transport=httpx_aiohttp.AiohttpTransport(), timeout=30) as client:
-            body = _body(model, streamed, max_tokens)
-            if not streamed:
-                response = await client.post(f"{base}/v1/chat/completions", json=body)
-                return response.json()["choices"][0]["message"]["content"]
-            async with client.stream("POST", f"{base}/v1/chat/completions", json=body) as response:
-                return _sse_text([line async for line in response.aiter_lines()])
-
-    return asyncio.run(run())
+    return httpx_aiohttp.AiohttpTransport()
 
 
 def _aiohttp(base: str, model: str, streamed: bool, max_tokens: int) -> str:
@@ -281,10 +275,10 @@ CASES = (
     Case("litellm-sync", "litellm `completion` (`openai/`)", ("litellm", "httpx"), "httpcore", "httpx on httpcore",
          OPENAI, _litellm_sync),
     Case("httpx", "httpx `Client`", ("httpx",), "httpcore", "httpcore", OPENAI, _httpx_sync("httpx")),
-    Case("httpx-async", "httpx `AsyncClient`", ("httpx",), "httpcore", "httpcore (anyio)", OPENAI, _httpx_async),
+    Case("httpx-async", "httpx `AsyncClient`", ("httpx",), "httpcore", "httpcore (anyio)", OPENAI, _httpx_async()),
     Case("httpx2", "httpx2 `Client`", ("httpx2",), "httpcore", "httpcore2", OPENAI, _httpx_sync("httpx2")),
     Case("httpx-aiohttp", "httpx `AsyncClient(transport=httpx_aiohttp.AiohttpTransport())`",
-         ("httpx-aiohttp", "aiohttp"), "aiohttp", "aiohttp", OPENAI, _httpx_aiohttp),
+         ("httpx-aiohttp", "aiohttp"), "aiohttp", "aiohttp", OPENAI, _httpx_async(_aiohttp_transport)),
     Case("aiohttp", "aiohttp `ClientSession`", ("aiohttp",), "aiohttp", "aiohttp", OPENAI, _aiohttp),
     Case("requests", "requests", ("requests", "urllib3"), "urllib3", "urllib3", OPENAI, _requests),
     Case("urllib3", "urllib3 `PoolManager`", ("urllib3",), "urllib3", "urllib3", OPENAI, _urllib3),

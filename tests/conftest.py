@@ -102,6 +102,41 @@ def sim(sim_process: Any) -> Iterator[Any]:
     yield sim_process
 
 
+@pytest.fixture(scope="session")
+def ca() -> Any:
+    """A test certificate authority (trustme)."""
+    import trustme
+
+    return trustme.CA()
+
+
+@pytest.fixture(scope="session")
+def tls_server(ca: Any) -> Iterator[Any]:
+    """An SSE chat server on 127.0.0.1 whose certificate is valid for ``localhost``."""
+    import ssl
+
+    from tests.helpers_servers import ModelServer
+
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("localhost", "127.0.0.1").configure_cert(context)
+    context.set_alpn_protocols(["http/1.1"])
+    with ModelServer(context, tokens=TLS_TOKENS, first_token_delay=0.02, token_interval=0.002) as server:
+        yield server
+
+
+@pytest.fixture
+def client_context(ca: Any) -> Any:
+    """A client SSL context that trusts ``ca``."""
+    import ssl
+
+    context = ssl.create_default_context()
+    ca.configure_trust(context)
+    return context
+
+
+TLS_TOKENS = 4
+
+
 def configure_sim(sim: Any, **fields: Any) -> None:
     httpx.post(f"{sim.base_url}/sim/config", json=fields, timeout=10).raise_for_status()
 

@@ -5,45 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import httpx2
 import pytest
-import trustme
 
 from otel_llm import semconv as sc
-from tests.conftest import Otel
+from tests.conftest import TLS_TOKENS, Otel
 from tests.helpers_servers import ModelServer
 
 NEW_CONNECTION = [sc.SPAN_DNS, sc.SPAN_CONNECT, sc.SPAN_TLS, sc.SPAN_UPLOAD, sc.SPAN_SERVER_WAIT,
                   sc.SPAN_FIRST_TOKEN, sc.SPAN_DECODE]
 REUSED = [sc.SPAN_UPLOAD, sc.SPAN_SERVER_WAIT, sc.SPAN_FIRST_TOKEN, sc.SPAN_DECODE]
 BODY = {"model": "tls-model", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
-TOKENS = 4
-
-
-@pytest.fixture(scope="module")
-def ca() -> trustme.CA:
-    return trustme.CA()
-
-
-@pytest.fixture(scope="module")
-def tls_server(ca: trustme.CA) -> Iterator[ModelServer]:
-    """An SSE chat server on 127.0.0.1 whose certificate is valid for ``localhost``."""
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert("localhost", "127.0.0.1").configure_cert(context)
-    context.set_alpn_protocols(["http/1.1"])
-    with ModelServer(context, tokens=TOKENS, first_token_delay=0.02, token_interval=0.002) as server:
-        yield server
-
-
-@pytest.fixture
-def client_context(ca: trustme.CA) -> ssl.SSLContext:
-    context = ssl.create_default_context()
-    ca.configure_trust(context)
-    return context
+TOKENS = TLS_TOKENS  # what the tls_server fixture streams
 
 
 def _sync_calls(client: Any, url: str) -> None:

@@ -47,28 +47,13 @@ def _aio(coroutine: Any) -> Any:
 
 
 # -- TLS ---------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def ca() -> trustme.CA:
-    return trustme.CA()
-
-
-@pytest.fixture(scope="module")
-def tls_server(ca: trustme.CA) -> Iterator[ModelServer]:
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert("localhost", "127.0.0.1").configure_cert(context)
-    with ModelServer(context, tokens=4, first_token_delay=0.02, token_interval=0.002) as server:
-        yield server
-
-
-def test_aiohttp_https_connect_includes_the_handshake(otel: Otel, tls_server: ModelServer, ca: trustme.CA) -> None:
-    context = ssl.create_default_context()
-    ca.configure_trust(context)
-
+def test_aiohttp_https_connect_includes_the_handshake(otel: Otel, tls_server: ModelServer,
+                                                      client_context: ssl.SSLContext) -> None:
     async def run() -> None:
         async with aiohttp.ClientSession() as session:
             for _ in range(2):
                 async with session.post(tls_server.url("/v1/chat/completions", host="localhost"), json=STREAM,
-                                        ssl=context) as response:
+                                        ssl=client_context) as response:
                     assert b"tok0" in await response.read()
 
     _aio(run())

@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 
 from otel_llm._log import log_once
 from otel_llm.capture.call import END_CLOSED, END_EOF, CallRequest, LlmCall, perf_ns
-from otel_llm.capture.hooks import ClassAttribute, Patch, SinkGetter, optional_module, start_reaper, watch
+from otel_llm.capture.hooks import ClassAttribute, Patch, SinkGetter, body_bytes, optional_module, start_reaper, watch
 
 __all__ = ["patches"]
 
@@ -71,15 +71,8 @@ def _body(session: Any, kwargs: dict[str, Any]) -> bytes | None:
     data = kwargs.get("data")
     payload = kwargs.get("json")
     if data is None and payload is not None:
-        text = session.json_serialize(payload)
-        return text.encode("utf-8") if isinstance(text, str) else bytes(text)
-    if data is None:
-        return b""
-    if isinstance(data, (bytes, bytearray, memoryview)):
-        return bytes(data)
-    if isinstance(data, str):
-        return data.encode("utf-8")
-    return None
+        data = session.json_serialize(payload)
+    return body_bytes(data)
 
 
 def _pending(sink: Any, session: Any, args: Any, kwargs: dict[str, Any]) -> _Pending | None:

@@ -16,7 +16,10 @@ from typing import Any, Callable, NamedTuple
 
 from otel_llm.capture.call import END_GC, CallSink, LlmCall, perf_ns
 
-__all__ = ["ClassAttribute", "Patch", "SinkGetter", "flush_collected", "optional_module", "start_reaper", "watch"]
+__all__ = [
+    "ClassAttribute", "Patch", "SinkGetter", "body_bytes", "flush_collected", "optional_module", "start_reaper",
+    "timed_wait", "watch",
+]
 
 SinkGetter = Callable[[], "CallSink | None"]
 
@@ -35,6 +38,27 @@ class ClassAttribute(NamedTuple):
     module: ModuleType | None
     target: str  # "Class.attribute"
     value: Any
+
+
+def body_bytes(data: Any) -> bytes | None:
+    """A request body as bytes for parsing: b"" when there is none, None when it is streamed
+    (a file, a generator, a form...), which is not read."""
+    if data is None:
+        return b""
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return bytes(data)
+    if isinstance(data, str):
+        return data.encode("utf-8")
+    return None
+
+
+def timed_wait(call: LlmCall, wrapped: Any, args: Any, kwargs: Any) -> Any:
+    """Run a blocking wait for a pooled connection, reported to ``call`` as a pool wait."""
+    start = perf_ns()
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        call.pool_wait(start, perf_ns())
 
 
 def optional_module(name: str) -> ModuleType | None:

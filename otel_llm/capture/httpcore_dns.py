@@ -19,7 +19,7 @@ from types import ModuleType
 from typing import Any, Callable
 
 from otel_llm.capture.call import CURRENT_CALL, perf_ns
-from otel_llm.capture.hooks import Patch, optional_module
+from otel_llm.capture.hooks import Patch, optional_module, timed_wait
 
 __all__ = ["is_ip", "patches"]
 
@@ -29,11 +29,7 @@ def _sync_pool_wait_wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any)
     call = CURRENT_CALL.get()
     if call is None or instance.connection is not None:
         return wrapped(*args, **kwargs)
-    start = perf_ns()
-    try:
-        return wrapped(*args, **kwargs)
-    finally:
-        call.pool_wait(start, perf_ns())
+    return timed_wait(call, wrapped, args, kwargs)
 
 
 async def _async_pool_wait_wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:

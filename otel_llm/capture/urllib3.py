@@ -24,8 +24,8 @@ import socket
 from typing import Any, Callable
 
 from otel_llm._log import log_once
-from otel_llm.capture.call import CURRENT_CALL, END_CLOSED, END_EOF, CallRequest, LlmCall, perf_ns
-from otel_llm.capture.hooks import Patch, SinkGetter, optional_module
+from otel_llm.capture.call import CURRENT_CALL, END_CLOSED, END_EOF, CallRequest, LlmCall
+from otel_llm.capture.hooks import Patch, SinkGetter, body_bytes, optional_module, timed_wait
 from otel_llm.capture.httpcore_dns import is_ip
 
 __all__ = ["patches"]
@@ -36,16 +36,6 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 _CALL, _READING = "_otel_llm_call", "_otel_llm_reading"
 _URLOPEN_ARGS = ("method", "url", "body", "headers", "retries", "redirect", "assert_same_host", "timeout",
                  "pool_timeout", "release_conn", "chunked", "body_pos", "preload_content", "decode_content")
-
-
-def _body(body: Any) -> bytes | None:
-    if body is None:
-        return b""
-    if isinstance(body, (bytes, bytearray, memoryview)):
-        return bytes(body)
-    if isinstance(body, str):
-        return body.encode("utf-8")
-    return None  # a file or an iterable: a streamed upload
 
 
 def _open(sink: Any, pool: Any, path_and_query: str, args: Any, kwargs: dict[str, Any],
@@ -63,7 +53,7 @@ def _open(sink: Any, pool: Any, path_and_query: str, args: Any, kwargs: dict[str
     netloc = f"[{host}]" if ":" in host else host
     url = f"{pool.scheme}://{netloc}{f':{port}' if port else ''}{path_and_query}"
     request = CallRequest(str(named.get("method", "GET")).upper(), pool.scheme, host, port, path, url, headers,
-                          _body(named.get("body")))
+                          body_bytes(named.get("body")))
     call = LlmCall.open(sink, route, request)
     kwargs.update({k: v for k, v in named.items() if k not in kwargs})
     kwargs["headers"] = headers
@@ -144,11 +134,7 @@ def _pool_wait(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     pool = instance.pool
     if call is None or not instance.block or pool is None or pool.qsize():
         return wrapped(*args, **kwargs)
-    start = perf_ns()
-    try:
-        return wrapped(*args, **kwargs)
-    finally:
-        call.pool_wait(start, perf_ns())
+    return timed_wait(call, wrapped, args, kwargs)
 
 
 def _create_connection(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
