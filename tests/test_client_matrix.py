@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import json
+import statistics
 from collections.abc import Iterator
 
 import pytest
@@ -89,13 +90,19 @@ def test_streamed_calls_against_the_simulator(case: Case, sim, otel: Otel) -> No
         assert attrs[sc.NETWORK_PEER_ADDRESS] in ("127.0.0.1", "::1") or attrs[sc.LLM_CLIENT_CONNECTION_REUSED]
     assert {sc.SPAN_CONNECT, sc.SPAN_DNS} <= seen or case.id.startswith("litellm"), seen  # litellm keeps its pool
     body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
-    _, first, last = raw_timeline(sim, body, path=_path(case))
+    jitter: list[float] = []
+    _, first, last = raw_timeline(sim, body, path=_path(case), spread=jitter)
     setup = [sum((k.end_time - k.start_time) for k in otel.children(c) if k.name in SETUP + (sc.SPAN_UPLOAD,)) / 1e9
              for c in calls]
     ttft_errors = [abs(c.attributes[sc.LLM_CLIENT_TIME_TO_FIRST_TOKEN] - s - first) for c, s in zip(calls, setup)]
     decode_errors = [abs(c.attributes[sc.LLM_CLIENT_GENERATION_DURATION] - (last - first)) for c in calls]
-    assert _all_but_worst(ttft_errors) <= TOLERANCE, ttft_errors
-    assert _all_but_worst(decode_errors) <= TOLERANCE, decode_errors
+    # As in test_accuracy: otel_llm's error within 5 ms on the median, and for all but the worst
+    # call beyond the simulator's own jitter (how far single raw answers stray from their median,
+    # measured by the raw client), which on a busy machine is not ours to measure away.
+    allowance = TOLERANCE + sorted(jitter)[-2]
+    for errors in (ttft_errors, decode_errors):
+        assert statistics.median(errors) <= TOLERANCE, (errors, jitter)
+        assert _all_but_worst(errors) <= allowance, (errors, jitter)
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)

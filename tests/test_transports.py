@@ -454,3 +454,38 @@ def test_adapters_leave_nothing_behind(sim) -> None:
         assert len(state.calls()) == 240
     finally:
         otel_llm.uninstrument()
+
+
+def _causes(exc: BaseException | None) -> list[str]:
+    names = []
+    while exc is not None and len(names) < 5:
+        names.append(type(exc).__name__)
+        exc = exc.__cause__ or exc.__context__
+    return names
+
+
+def test_a_read_that_fails_because_this_side_closed_is_an_early_close(sim, otel: Otel) -> None:
+    """openai's async client drains the rest of a stream after [DONE] for at most 100 ms and then
+    closes it: on a busy machine the pending read then fails with anyio's ClosedResourceError
+    under httpx's ReadError. The client gave up on the body; the call ends ``closed``, no error.
+    Here the application closes its own connection under a pending read, which fails the same way."""
+    configure_sim(sim, tokens=50, first_token_delay=0.0, token_interval=0.02)
+
+    async def run() -> str:
+        async with httpx.AsyncClient() as client:
+            async with client.stream("POST", f"{sim.base_url}/v1/chat/completions", json=STREAM) as response:
+                stream = response.extensions["network_stream"]
+                chunks = response.aiter_raw()
+                await chunks.__anext__()
+                asyncio.get_running_loop().call_later(0.05, lambda: asyncio.ensure_future(stream.aclose()))
+                try:
+                    async for _ in chunks:
+                        pass
+                except httpx.ReadError as exc:
+                    return _causes(exc)
+        return "no error"
+
+    assert "ClosedResourceError" in _aio(run())
+    call = _only(otel)
+    assert call.attributes[sc.LLM_CLIENT_END_REASON] == "closed"
+    assert sc.ERROR_TYPE not in call.attributes and call.status.is_ok

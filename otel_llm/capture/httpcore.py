@@ -189,6 +189,20 @@ def _async_send_wrapper(get_sink: SinkGetter, stream_class: type) -> Callable[..
     return wrapper
 
 
+def _closed_here(exc: BaseException) -> bool:
+    """A read that failed because this side closed the connection (anyio's ClosedResourceError
+    under httpcore's ReadError): the client gave up on the rest of the body, an early close, not
+    a network error. openai's async client does so when draining after ``[DONE]`` takes over
+    100 ms."""
+    seen = 0
+    cause: BaseException | None = exc
+    while cause is not None and seen < 4:
+        if type(cause).__name__ == "ClosedResourceError":
+            return True
+        cause, seen = cause.__cause__ or cause.__context__, seen + 1
+    return False
+
+
 def _stream_classes(httpx_module: ModuleType) -> tuple[type, type]:
     """(sync, async) response streams on ``httpx_module``'s own byte-stream bases: the same bytes
     objects, unbuffered, each handed to the call as the application pulls it. The call ends on
@@ -241,7 +255,10 @@ def _stream_classes(httpx_module: ModuleType) -> tuple[type, type]:
                 call.finish(END_EOF)
                 raise
             except BaseException as exc:
-                call.finish_from_exception(exc)
+                if _closed_here(exc):
+                    call.finish(END_CLOSED)
+                else:
+                    call.finish_from_exception(exc)
                 raise
             call.chunk(chunk)
             return chunk
