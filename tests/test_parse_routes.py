@@ -5,7 +5,7 @@ import time
 import pytest
 
 from otel_llm.parse import routes as r
-from otel_llm.parse.routes import Route, match_route
+from otel_llm.parse.routes import _QUICK, Route, match_route
 
 
 @pytest.mark.parametrize(
@@ -89,6 +89,13 @@ def _per_call(fn, n: int = 100_000) -> float:
 
 
 def test_miss_is_fast() -> None:
+    """A miss costs about one ``str.endswith`` over the suffixes (measured against exactly that,
+    interleaved, so a busy machine slows both: 2.4x and 4.6x here, for the call overhead)."""
     extra = ("/my/infer",)
-    assert _per_call(lambda: match_route("/users/42")) < 1e-6
-    assert _per_call(lambda: match_route("/users/42", extra)) < 1e-6
+    path = "/users/42"
+    for _ in range(3):
+        reference = _per_call(lambda: path.endswith(_QUICK))
+        plain, with_extra = _per_call(lambda: match_route(path)), _per_call(lambda: match_route(path, extra))
+        if plain < 5 * reference and with_extra < 10 * reference:
+            return
+    raise AssertionError(f"a miss costs {plain / reference:.1f}x / {with_extra / reference:.1f}x one endswith")
