@@ -264,3 +264,22 @@ def test_diagnosis_tally_is_bounded() -> None:
     assert len(observed) == metrics._TALLY_LIMIT + 1
     assert observed[((sc.OTEL_METRIC_OVERFLOW, True),)] == 50
     assert observed[((sc.GEN_AI_REQUEST_MODEL, "model-0"),)] == 2
+
+
+def test_a_known_runtime_that_reports_no_durations_leaves_the_whole_wait_unaccounted() -> None:
+    """vLLM's responses carry tokens but no durations: once the runtime is known, none of the
+    wait is explained (its queue, prefill and transit); an unknown server's wait stays unsplit."""
+    from otel_llm.telemetry import diagnosis
+    from otel_llm.telemetry.phases import Phase
+
+    vllm = RuntimeCounters(runtime="vllm", generation_tokens=8)
+    assert diagnosis.unaccounted_wait(0.3, vllm, True) == 0.3
+    assert diagnosis.unaccounted_wait(0.3, vllm, False) == 0.3
+    assert diagnosis.unaccounted_wait(0.3, RuntimeCounters(), True) is None
+    assert diagnosis.unaccounted_wait(0.3, RuntimeCounters(runtime="llama.cpp", prompt_eval_duration=0.1),
+                                      True) == pytest.approx(0.2)
+    # nothing reported to split the wait by: queue only while other calls were in flight
+    phases = [Phase(sc.SPAN_SERVER_WAIT, 0, 300_000_000, False)]
+    assert diagnosis.bottleneck(phases, 0.3, vllm, True, None, 0) == "prefill"
+    assert diagnosis.bottleneck(phases, 0.3, vllm, False, None, 0) == "decode"
+    assert diagnosis.bottleneck(phases, 0.3, vllm, True, None, 1) == "queue"

@@ -224,6 +224,20 @@ def test_sglang_metrics_and_runtime_inferred(rig: Rig, fake: FakeRuntime) -> Non
     assert fake.hits == {"/api/ps": 1, "/metrics": 2}
 
 
+def test_runtime_recognized_from_its_metrics_for_the_calls(rig: Rig, fake: FakeRuntime) -> None:
+    """A server no route or option names: once /metrics shows ``vllm:`` series, ``runtime_of``
+    (what a call to it is attributed to) says vllm; a server that stops being polled is forgotten."""
+    fake.serve("/metrics", _text("vllm_metrics.txt"))
+    rig.registry.note(LOOPBACK, fake.port, None)
+    assert rig.observer.runtime_of(LOOPBACK, fake.port) is None
+    rig.observer.poll_once()
+    assert rig.observer.runtime_of(LOOPBACK, fake.port) == "vllm"
+    assert rig.observer.runtime_of(LOOPBACK, fake.port + 1) is None
+    rig.observer.policy = PollPolicy("configured")  # nobody configured it: no longer polled
+    rig.observer.poll_once()
+    assert rig.observer.runtime_of(LOOPBACK, fake.port) is None
+
+
 # --- Ollama ------------------------------------------------------------------------------------------
 def test_ollama_ps(rig: Rig, fake: FakeRuntime) -> None:
     fake.serve("/api/ps", _text("ollama_ps.json"), content_type="application/json")
@@ -545,7 +559,9 @@ def test_real_llamacpp(rig: Rig) -> None:
     rig.observer.policy = PollPolicy()  # the default: a llama-server process /proc identifies
     with LlamaServer(slots=1) as server:
         rig.registry.note(LOOPBACK, server.port, None)  # route-implied nothing: /proc names it
+        assert rig.observer.runtime_of(LOOPBACK, server.port) is None
         rig.observer.poll_once()
+        assert rig.observer.runtime_of(LOOPBACK, server.port) == "llama.cpp"
         metrics = rig.metrics()
         attrs = {"server.address": LOOPBACK, "server.port": server.port, "llm.runtime.name": "llama.cpp"}
         assert isinstance(metrics["llamacpp.prompt_tokens_total"].data, Sum)

@@ -93,6 +93,10 @@ class Observers:
                 found[attribute] = int(value)
         return found
 
+    def runtime_of(self, host: str, port: int) -> str | None:
+        """The runtime the observers recognized at host:port (see ``RuntimeStateObserver.runtime_of``)."""
+        return self.runtime_state.runtime_of(host, port) if self.runtime_state is not None else None
+
     def call_attributes(self, start_ns: int, end_ns: int) -> dict[str, Any]:
         """The llm.host.* evidence for a call that ran in [start_ns, end_ns] (perf-counter ns)."""
         if self.sampler is None:

@@ -153,6 +153,7 @@ class RuntimeStateObserver:
         self._own_client = client is None
         self._client = client or httpx.Client(timeout=TIMEOUT, trust_env=False)
         self._states: dict[tuple[str, int], _State] = {}
+        self._recognized: dict[tuple[str, int], str] = {}  # server -> runtime, see runtime_of
         self._kinds: dict[str, str] = {}  # lower-cased instrument name -> kind
         self._lock = threading.Lock()
         self._poll_lock = threading.Lock()
@@ -197,8 +198,10 @@ class RuntimeStateObserver:
                 # the gauges stay fresh enough for a dashboard; the next call wakes the poller
                 self.activity.rest(max(wait, IDLE_INTERVAL))
             elif changed.wait(wait) and not self._stop.is_set():
-                # a newly noted server: polled one interval after its first call, as when the
-                # poller woke every interval (not in the middle of the application's first call)
+                # a newly noted server: recognized at once (from /proc, no request), so that even
+                # the first call to it names its runtime; polled one interval after its first
+                # call, as when the poller woke every interval (not in the middle of that call)
+                self._recognize(self._pollable())
                 self._stop.wait(self.interval)
 
     def _next_due(self) -> float:
@@ -241,6 +244,23 @@ class RuntimeStateObserver:
                 except Exception:
                     self._log_once((server, "bug"), f"polling {server.base_url} failed unexpectedly",
                                    logging.WARNING, exc_info=True)
+        self._recognize(servers)
+
+    def runtime_of(self, host: str, port: int) -> str | None:
+        """The runtime the server at host:port was recognized as: from its process (/proc) or
+        its own answers (``/metrics`` names, ``/api/ps``); None until then, or when it is not
+        polled. Reads memory only: cheap enough for every call."""
+        return self._recognized.get((host, port))
+
+    def _recognize(self, servers: list[Server]) -> None:
+        """Remember what each pollable server is: its own answers, else what the policy found."""
+        recognized: dict[tuple[str, int], str] = {}
+        for server in servers:
+            state = self._states.get((server.host, server.port))
+            runtime = (state.runtime if state is not None else None) or server.runtime
+            if runtime is not None:
+                recognized[(server.host, server.port)] = runtime
+        self._recognized = recognized  # replaced whole: readers on other threads see one or the other
 
     def _forget_unpolled(self, polled: set[tuple[str, int]]) -> None:
         """A server the policy no longer allows (its runtime process went away) reports nothing

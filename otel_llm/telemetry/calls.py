@@ -172,8 +172,9 @@ class Telemetry:
         error = _error_message(call, response) if error_type else None
         counters = None
         if response is not None:
-            # vLLM leaves no trace in its responses: a configured or route-implied runtime stands in
-            response.runtime = response.runtime or state.endpoint.runtime
+            # vLLM leaves no trace in its responses: a configured, route-implied or recognized
+            # runtime (the observers', from its process or its /metrics) stands in
+            response.runtime = response.runtime or state.endpoint.runtime or self._recognized(state)
             if response.runtime or response.native or _TGI_HINT in call.response_headers:
                 counters = runtime_counters(response, call.response_headers)
         synthesized = self._runtime_evidence(call, state, counters, phases, first_token, attrs)
@@ -186,6 +187,15 @@ class Telemetry:
                                 span.context if span.recording else None, counters)
         except Exception:
             log_once("recording model-call metrics failed")
+
+    def _recognized(self, state: CallState) -> str | None:
+        if self.observers is None:
+            return None
+        try:
+            return self.observers.runtime_of(*state.endpoint.server)
+        except Exception:
+            log_once("reading the recognized runtime failed")
+            return None
 
     def _runtime_evidence(self, call: LlmCall, state: CallState, counters: RuntimeCounters | None,
                           phases: list[Phase], first_token: int, attrs: dict[str, Any]) -> list[Phase]:

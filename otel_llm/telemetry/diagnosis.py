@@ -3,7 +3,9 @@
 * ``unaccounted_wait``: the wait before the first token (before the response, when not
   streaming) that the runtime's reported queue, load and prefill (and, when not streaming,
   generation) do not explain: unreported queueing, network, proxies. Never negative; only when
-  the runtime reported at least one of those durations.
+  the runtime is known (recognized, configured or proven by its response): a known runtime that
+  reports none of those durations (vLLM) explains nothing, so the whole wait is unaccounted,
+  which for vLLM is its queue, its prefill and the transit.
 * ``cold_start``: a reported model load of at least ``COLD_LOAD_SECONDS``, or the first call to
   a model after a request that unloaded it.
 * ``stream_buffered``: tokens arrived in bursts after silences: on average at least
@@ -11,8 +13,8 @@
   at least ``SILENCE_FACTOR`` times the mean token interval. A healthy stream, even a fast one,
   arrives about one token per group.
 * ``bottleneck``: the category with the largest share of the call: ``network``, ``queue``,
-  ``load``, ``prefill``, ``decode``, ``buffering`` or ``download``. Without runtime counters the
-  server's wait cannot be split: it counts as ``queue`` when other calls to the same server were
+  ``load``, ``prefill``, ``decode``, ``buffering`` or ``download``. Without the runtime's
+  durations the server's wait cannot be split: it counts as ``queue`` when other calls to the same server were
   in flight, else as ``prefill`` (streaming; the wait for the first token) or ``decode`` (not
   streaming; the wait for the whole answer).
 """
@@ -36,16 +38,23 @@ _NS = 1e-9
 _NETWORK = {sc.SPAN_DNS, sc.SPAN_CONNECT, sc.SPAN_TLS, sc.SPAN_UPLOAD}
 
 
-def explained_wait(counters: RuntimeCounters | None, streaming: bool) -> float | None:
-    """What the runtime's own durations say it spent before the first token (the answer)."""
-    if counters is None:
-        return None
+def _reported_wait(counters: RuntimeCounters, streaming: bool) -> list[float]:
     parts = [counters.queue_duration, counters.load_duration, counters.validation_duration,
              counters.prompt_eval_duration]
     if not streaming:
         parts.append(counters.generation_duration)
-    reported = [p for p in parts if p is not None]
-    return sum(reported) if reported else None
+    return [p for p in parts if p is not None]
+
+
+def explained_wait(counters: RuntimeCounters | None, streaming: bool) -> float | None:
+    """What the runtime's own durations say it spent before the first token (the answer); None
+    when the runtime is unknown (an OpenAI-compatible server that may report more elsewhere)."""
+    if counters is None:
+        return None
+    reported = _reported_wait(counters, streaming)
+    if reported:
+        return sum(reported)
+    return 0.0 if counters.runtime is not None else None
 
 
 def unaccounted_wait(wait: float, counters: RuntimeCounters | None, streaming: bool) -> float | None:
@@ -95,7 +104,7 @@ def bottleneck(phases: list[Phase], unaccounted: float | None, counters: Runtime
             add("buffering" if buffered else "decode", seconds)
         elif phase.name == sc.SPAN_DOWNLOAD:
             add("download", seconds)
-    if unaccounted is not None and counters is not None:
+    if unaccounted is not None and counters is not None and _reported_wait(counters, streaming):
         add("queue", (counters.queue_duration or 0.0) + unaccounted)
         add("load", counters.load_duration)
         add("prefill", (counters.prompt_eval_duration or 0.0) + (counters.validation_duration or 0.0))
