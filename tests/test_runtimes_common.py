@@ -332,3 +332,25 @@ def test_never_raises_on_arbitrary_native(native: dict, runtime: Any, reasons: A
                         input_tokens=usage[0], output_tokens=usage[1],
                         cached_input_tokens=usage[2])
     assert_sane(runtime_counters(info, headers))
+
+
+def test_each_runtime_module_declares_what_the_observers_know() -> None:
+    """Recognition, probes and metric names live in the runtime's own module; the observers'
+    tables are built from those declarations, so each series belongs to the runtime it names."""
+    from otel_llm.observers import processes, runtime_state
+    from otel_llm.parse.runtimes import KNOWN_RUNTIMES, OBSERVED
+
+    assert tuple(OBSERVED) == KNOWN_RUNTIMES
+    state_keys = {runtime_state.STATE_REQUESTS_RUNNING, runtime_state.STATE_REQUESTS_WAITING,
+                  runtime_state.STATE_KV_CACHE_USAGE}
+    for name, observed in OBSERVED.items():
+        assert set(observed.normalized) <= state_keys, name
+        for series in (s for sources in observed.normalized.values() for s in sources):
+            assert observed.metric_prefix and series.startswith(observed.metric_prefix), (name, series)
+            assert runtime_state._infer_runtime([(series, "gauge", {}, 1.0, "")]) == name
+        assert runtime_state._PATHS[name] == observed.state_paths
+        for exe in observed.executables + observed.executable_names:
+            assert processes.runtime_for_name(exe) == name, exe
+        for module in observed.python_modules:
+            assert processes.runtime_for_name("python3", ["python3", "-m", f"{module}.server"]) == name
+    assert processes.runtime_for_name("VLLM::EngineCore") == "vllm"

@@ -18,26 +18,18 @@ import psutil
 
 from otel_llm._log import log_once
 from otel_llm.observers.registry import Server, ServerRegistry
+from otel_llm.parse.runtimes import OBSERVED
 
 RuntimeProcess = tuple[psutil.Process, str | None]
 
-# Executable names (lower case) -> runtime name, as Server.runtime spells it.
-_NAME_PREFIXES = (
-    ("ollama", "ollama"),  # "ollama serve" and its "ollama runner" children
-    ("llama-server", "llama.cpp"),
-    ("text-generation-launcher", "tgi"),
-    ("text-generation-router", "tgi"),
-    ("text-generation-server", "tgi"),
-    ("lm studio", "lmstudio"),
-    ("lm-studio", "lmstudio"),
-    ("lmstudio", "lmstudio"),
-)
-_EXACT_NAMES = {"lms": "lmstudio", "vllm": "vllm", "sglang": "sglang"}
+# What identifies each runtime's processes is declared by its module (parse/runtimes/<rt>.py).
+_NAME_PREFIXES = tuple((prefix, name) for name, o in OBSERVED.items() for prefix in o.executables)
+_EXACT_NAMES = {exe: name for name, o in OBSERVED.items() for exe in o.executable_names}
 # Python runtimes run as "python ... vllm ..."; match the module or script, not any argument
 # that mentions the word (a test file named test_vllm.py is not vLLM).
-_PYTHON_MODULES = {"vllm": "vllm", "sglang": "sglang", "text_generation_server": "tgi", "llama_cpp": "llama.cpp"}
+_PYTHON_MODULES = {module: name for name, o in OBSERVED.items() for module in o.python_modules}
 # Process titles some runtimes set on their workers (vLLM "VLLM::EngineCore", "sglang::scheduler").
-_TITLE_PREFIXES = (("vllm::", "vllm"), ("sglang::", "sglang"))
+_TITLE_PREFIXES = tuple((prefix, name) for name, o in OBSERVED.items() for prefix in o.process_titles)
 
 
 def runtime_for_name(name: str, cmdline: Sequence[str] | None = None) -> str | None:

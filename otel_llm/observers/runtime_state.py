@@ -70,6 +70,8 @@ from otel_llm._log import logger
 from otel_llm.observers.activity import Activity
 from otel_llm.observers.poll_policy import PollPolicy
 from otel_llm.observers.registry import Server, ServerRegistry
+from otel_llm.parse.runtimes import OBSERVED
+from otel_llm.parse.runtimes import _common as rt
 
 from otel_llm.semconv import (  # noqa: F401 - names callers import from here too
     METRIC_RUNTIME_REQUESTS_RUNNING, METRIC_RUNTIME_REQUESTS_WAITING,
@@ -78,28 +80,22 @@ from otel_llm.semconv import (  # noqa: F401 - names callers import from here to
 )
 
 # keys of latest_state()
-STATE_REQUESTS_RUNNING = "requests.running"
-STATE_REQUESTS_WAITING = "requests.waiting"
-STATE_KV_CACHE_USAGE = "kv_cache.usage"
+STATE_REQUESTS_RUNNING = rt.STATE_REQUESTS_RUNNING
+STATE_REQUESTS_WAITING = rt.STATE_REQUESTS_WAITING
+STATE_KV_CACHE_USAGE = rt.STATE_KV_CACHE_USAGE
 STATE_MODELS_LOADED = "models.loaded"
 STATE_TIMESTAMP = "timestamp"
 
+# Each runtime's module declares its series, metric prefix and state routes (parse/runtimes/<rt>.py).
 NORMALIZED_SOURCES: dict[str, tuple[str, ...]] = {
-    STATE_REQUESTS_RUNNING: ("llamacpp:requests_processing", "vllm:num_requests_running",
-                             "tgi_batch_current_size", "sglang:num_running_reqs"),
-    STATE_REQUESTS_WAITING: ("llamacpp:requests_deferred", "vllm:num_requests_waiting",
-                             "tgi_queue_size", "sglang:num_queue_reqs"),
-    STATE_KV_CACHE_USAGE: ("llamacpp:kv_cache_usage_ratio", "vllm:kv_cache_usage_perc",
-                           "vllm:gpu_cache_usage_perc", "sglang:token_usage"),
+    key: tuple(series for o in OBSERVED.values() for series in o.normalized.get(key, ()))
+    for key in (STATE_REQUESTS_RUNNING, STATE_REQUESTS_WAITING, STATE_KV_CACHE_USAGE)
 }
-_RUNTIME_PREFIXES = (("llamacpp:", "llama.cpp"), ("vllm:", "vllm"), ("tgi_", "tgi"), ("sglang:", "sglang"))
+_RUNTIME_PREFIXES = tuple((o.metric_prefix, name) for name, o in OBSERVED.items() if o.metric_prefix)
 
 PATH_PS = "/api/ps"
 PATH_METRICS = "/metrics"
-_PATHS: dict[str | None, tuple[str, ...]] = {
-    "ollama": (PATH_PS,), "llama.cpp": (PATH_METRICS,), "vllm": (PATH_METRICS,), "tgi": (PATH_METRICS,),
-    "sglang": (PATH_METRICS,), "lmstudio": (),
-}
+_PATHS: dict[str | None, tuple[str, ...]] = {name: o.state_paths for name, o in OBSERVED.items()}
 _ABSENT_STATUS = frozenset({404, 405, 501})
 # The server refuses unauthenticated polls (e.g. behind `otel-llm gateway`): stop at once.
 _REFUSED_STATUS = frozenset({401, 403})

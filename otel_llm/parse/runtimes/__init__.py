@@ -13,15 +13,17 @@ from types import ModuleType
 
 from otel_llm.parse.response import ResponseInfo
 from otel_llm.parse.runtimes import llamacpp, lmstudio, ollama, openai_compat, sglang, tgi, vllm
-from otel_llm.parse.runtimes._common import RuntimeCounters, derive, log, native_of
+from otel_llm.parse.runtimes._common import Observed, RuntimeCounters, derive, log, native_of
 
-__all__ = ["KNOWN_RUNTIMES", "SOURCES", "RuntimeCounters", "runtime_counters"]
+__all__ = ["KNOWN_RUNTIMES", "OBSERVED", "SOURCES", "Observed", "RuntimeCounters", "runtime_counters"]
 
 _ADAPTERS: tuple[ModuleType, ...] = (ollama, llamacpp, vllm, tgi, sglang, lmstudio)
 # Checked in this order; the first native key found decides.
 _BY_NATIVE: tuple[ModuleType, ...] = (ollama, llamacpp, sglang, lmstudio, tgi)
 
 KNOWN_RUNTIMES: tuple[str, ...] = tuple(a.NAME for a in _ADAPTERS)
+# runtime name -> what the observers know about it (each runtime's module declares it)
+OBSERVED: dict[str, Observed] = {a.NAME: a.OBSERVED for a in _ADAPTERS}
 SOURCES: dict[str, str] = {
     **{a.NAME: a.SOURCE for a in _ADAPTERS},
     openai_compat.SOURCE_KEY: openai_compat.SOURCE,

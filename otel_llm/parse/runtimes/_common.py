@@ -10,7 +10,7 @@ import logging
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 Reader = Callable[[str, object], Any]
 Field = tuple[str, str, Reader]  # (RuntimeCounters attribute, source key, reader)
@@ -31,6 +31,26 @@ COMMON_REASONS: dict[str, str] = {
     "tool_use": "tool_calls",
     "max_output_tokens": "length",
 }
+
+
+# keys of a runtime's normalized state (observers.runtime_state.latest_state)
+STATE_REQUESTS_RUNNING = "requests.running"
+STATE_REQUESTS_WAITING = "requests.waiting"
+STATE_KV_CACHE_USAGE = "kv_cache.usage"
+
+
+class Observed(NamedTuple):
+    """What the observers know about a runtime, declared by its module: how to recognize its
+    processes (observers.processes) and which of its routes and series tell its state
+    (observers.runtime_state)."""
+
+    executables: tuple[str, ...] = ()  # prefixes of its executables' names, lower case
+    executable_names: tuple[str, ...] = ()  # exact executable names (too short to be prefixes)
+    python_modules: tuple[str, ...] = ()  # `python -m MODULE` or a script of that name
+    process_titles: tuple[str, ...] = ()  # prefixes of the titles its processes set, lower case
+    state_paths: tuple[str, ...] = ()  # side-effect-free routes polled for its state
+    metric_prefix: str | None = None  # its Prometheus series' names start with this
+    normalized: Mapping[str, tuple[str, ...]] = {}  # state key -> its series (first present wins)
 
 
 @dataclass(slots=True)

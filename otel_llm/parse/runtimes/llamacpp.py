@@ -12,8 +12,9 @@ from collections.abc import Mapping
 from otel_llm.parse import response
 from otel_llm.parse.response import NATIVE_LLAMACPP_TIMINGS, ResponseInfo
 from otel_llm.parse.runtimes._common import (
-    Field, RuntimeCounters, as_dict, fill, flag, get, map_reasons, ms, native_of, rate,
-    reasons_of, tokens,
+    Field, Observed, RuntimeCounters, STATE_KV_CACHE_USAGE, STATE_REQUESTS_RUNNING,
+    STATE_REQUESTS_WAITING, as_dict, fill, flag, get, map_reasons, ms, native_of, rate, reasons_of,
+    tokens,
 )
 
 # /completion `truncated` (bool); response.py must store it under this key.
@@ -25,6 +26,13 @@ SOURCE = (
     "`timings` of the last event: prompt_n, cache_n, prompt_ms, prompt_per_second, "
     "predicted_n, predicted_ms, predicted_per_second, predicted_per_token_ms (ms -> s), "
     "draft_n, draft_n_accepted; /completion `stop_type` and `truncated`"
+)
+OBSERVED = Observed(
+    executables=("llama-server",), python_modules=("llama_cpp",), state_paths=("/metrics",),  # needs --metrics
+    metric_prefix="llamacpp:",
+    normalized={STATE_REQUESTS_RUNNING: ("llamacpp:requests_processing",),
+                STATE_REQUESTS_WAITING: ("llamacpp:requests_deferred",),
+                STATE_KV_CACHE_USAGE: ("llamacpp:kv_cache_usage_ratio",)},
 )
 REASONS = {"eos": "stop", "word": "stop", "limit": "length"}
 

@@ -6,8 +6,8 @@ from collections.abc import Mapping
 
 from otel_llm.parse.response import NATIVE_LMSTUDIO_STATS, ResponseInfo
 from otel_llm.parse.runtimes._common import (
-    Field, RuntimeCounters, as_dict, fill, map_reasons, native_of, rate, reasons_of, seconds,
-    tokens,
+    Field, Observed, RuntimeCounters, as_dict, fill, map_reasons, native_of, rate, reasons_of,
+    seconds, tokens,
 )
 
 NAME = "lmstudio"
@@ -17,6 +17,8 @@ SOURCE = (
     "v1 chat.end: input_tokens, total_output_tokens, tokens_per_second, "
     "time_to_first_token_seconds, model_load_time_seconds)"
 )
+OBSERVED = Observed(executables=("lm studio", "lm-studio", "lmstudio"), executable_names=("lms",))
+# it serves neither /metrics nor /api/ps: nothing to poll
 REASONS = {
     "eosFound": "stop",
     "stopStringFound": "stop",

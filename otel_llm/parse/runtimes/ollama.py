@@ -9,7 +9,8 @@ from collections.abc import Mapping
 
 from otel_llm.parse.response import NATIVE_OLLAMA, ResponseInfo
 from otel_llm.parse.runtimes._common import (
-    Field, RuntimeCounters, as_dict, fill, map_reasons, native_of, ns, reasons_of, tokens,
+    Field, Observed, RuntimeCounters, as_dict, fill, map_reasons, native_of, ns, reasons_of,
+    tokens,
 )
 
 NAME = "ollama"
@@ -18,6 +19,8 @@ SOURCE = (
     "final `done:true` object: total_duration, load_duration, prompt_eval_duration, "
     "eval_duration (ns -> s), prompt_eval_count, eval_count, done_reason"
 )
+OBSERVED = Observed(executables=("ollama",),  # "ollama serve" and its "ollama runner" children
+                    state_paths=("/api/ps",))
 REASONS: dict[str, str] = {}  # done_reason is already stop/length; load/unload kept as-is
 
 _FIELDS: tuple[Field, ...] = (

@@ -9,13 +9,25 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from otel_llm.parse.response import ResponseInfo
-from otel_llm.parse.runtimes._common import RuntimeCounters, map_reasons, reasons_of
+from otel_llm.parse.runtimes._common import (
+    Observed, RuntimeCounters, STATE_KV_CACHE_USAGE, STATE_REQUESTS_RUNNING,
+    STATE_REQUESTS_WAITING, map_reasons, reasons_of,
+)
 
 NAME = "vllm"
 NATIVE_KEYS: tuple[str, ...] = ()
 SOURCE = (
     "no per-response timings: OpenAI `usage` (prompt_tokens, completion_tokens, "
     "prompt_tokens_details.cached_tokens with --enable-prompt-tokens-details) and finish_reason"
+)
+OBSERVED = Observed(
+    executable_names=("vllm",), python_modules=("vllm",),
+    process_titles=("vllm::",),  # its engine core and workers: "VLLM::EngineCore", "VLLM::Worker"
+    state_paths=("/metrics",), metric_prefix="vllm:",
+    normalized={STATE_REQUESTS_RUNNING: ("vllm:num_requests_running",),
+                STATE_REQUESTS_WAITING: ("vllm:num_requests_waiting",),
+                # gpu_cache_usage_perc: the name before vLLM 0.10
+                STATE_KV_CACHE_USAGE: ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")},
 )
 REASONS: dict[str, str] = {}  # already OpenAI-style; "abort" kept as-is
 
