@@ -260,6 +260,13 @@ def test_verdicts_queueing_and_shared_compute() -> None:
     found = verdicts(result(concurrency=serialized))
     assert [v.code for v in found] == ["queueing"]
     assert found[0].evidence["growth_s"] == 0.2
+    # the same late first token, but the second stream arrived in one burst (decode 10 ms of the
+    # first's 150): a starved frontend, not a queue
+    collapsed = {2: [Trial(kind="concurrent", ttft=0.05, total=0.2, decode=0.15, client_rate=100.0),
+                     Trial(kind="concurrent", index=1, ttft=0.25, total=0.26, decode=0.01, client_rate=900.0)]}
+    assert "queueing" not in [v.code for v in verdicts(result(concurrency=collapsed))]
+    serialized[2][0].decode, serialized[2][1].decode = 0.15, 0.15
+    assert [v.code for v in verdicts(result(concurrency=serialized))] == ["queueing"]
     shared = {2: [Trial(kind="concurrent", ttft=0.06, total=0.35, client_rate=50.0),
                   Trial(kind="concurrent", index=1, ttft=0.07, total=0.36, client_rate=49.0)]}
     found = verdicts(result(concurrency=shared))

@@ -12,12 +12,10 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-import httpx
-
 from . import sweep
 from .authcheck import auth_check, auth_findings, auth_verdicts
 from .cold import ColdControl, cold_trials
-from .detect import detect_api
+from .detect import Detection, detect, server_root
 from .netpath import network_path_verdicts
 from .trials import APIS, TargetResult, TrialRunner, sweep_prompt
 from .verdicts import EXPLAIN, Verdict, median, verdicts
@@ -78,20 +76,6 @@ def _settings(args: argparse.Namespace) -> dict[str, int]:
     return defaults
 
 
-def _runtime_version(api: str, url: str) -> str | None:
-    """Best effort: only Ollama reports its version on a documented route."""
-    if api != "ollama":
-        return None
-    try:
-        response = httpx.get(url.rstrip("/") + "/api/version", timeout=2.0)
-        if response.status_code == 200:
-            version = response.json().get("version")
-            return str(version) if version else None
-    except (httpx.HTTPError, ValueError):
-        pass
-    return None
-
-
 def run(args: argparse.Namespace) -> int:
     import otel_llm
 
@@ -126,19 +110,23 @@ def run(args: argparse.Namespace) -> int:
     tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracer_provider.add_span_processor(BatchSpanProcessor(JsonLinesSpanExporter(traces_file)))
     meter_provider = MeterProvider()
+    # what each target is, from side-effect-free routes; a runtime proven there (vLLM, whose
+    # answers do not say) is named to the instrumentation, so every trial carries it
+    detections = {url: detect(url, headers) for url in args.urls}
+    runtimes = {server_root(url): d.runtime for url, d in detections.items() if d.runtime}
     otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider, console_summary=False,
-                        host_metrics=False, gpu_metrics=False, runtime_metrics=False)
+                        host_metrics=False, gpu_metrics=False, runtime_metrics=False, runtimes=runtimes)
     started = time.perf_counter()
     results: list[TargetResult] = []
     found: list[list[Verdict]] = []
     try:
         for url in args.urls:
-            api = args.api if args.api != "auto" else (detect_api(url, headers) or "openai")
+            api = args.api if args.api != "auto" else (detections[url].api or "openai")
             runner = TrialRunner(tracer_provider, exporter, url=url, api=api, model=args.model,
                                  max_tokens=settings["max_tokens"], headers=headers, timeout=args.timeout,
                                  redact=redact)
             try:
-                result = _diagnose(runner, url, args, settings, bool(secret), say)
+                result = _diagnose(runner, url, args, settings, bool(secret), say, detections[url])
             finally:
                 runner.close()
             results.append(result)
@@ -219,7 +207,7 @@ def _add_network_path(results: list[TargetResult], found: list[list[Verdict]], s
 
 
 def _diagnose(runner: TrialRunner, url: str, args: argparse.Namespace, settings: dict[str, int],
-              auth_sent: bool, say: Callable[[str], None]) -> TargetResult:
+              auth_sent: bool, say: Callable[[str], None], detection: Detection) -> TargetResult:
     result = TargetResult(url=url, api=runner.api, model=args.model, auth_sent=auth_sent)
     detected = " (detected)" if args.api == "auto" else ""
     say(f"== {url} ({runner.api}{detected}, model {args.model}) -> {runner.url}")
@@ -231,9 +219,9 @@ def _diagnose(runner: TrialRunner, url: str, args: argparse.Namespace, settings:
         say(f"    FAIL {code}: " + report.trial_line(first))
         say("    " + EXPLAIN.get(code, EXPLAIN["http_error"]) + " Stopping this target.")
         return result
-    result.runtime_name = first.runtime
-    result.runtime_version = _runtime_version(runner.api, url)
-    runtime = f"{first.runtime or 'unknown'}" + (f" {result.runtime_version}" if result.runtime_version else "")
+    result.runtime_name = detection.runtime or first.runtime
+    result.runtime_version = detection.version
+    runtime = f"{result.runtime_name or 'unknown'}" + (f" {result.runtime_version}" if result.runtime_version else "")
     say(f"    ok HTTP {first.status}, runtime {runtime}; " + report.trial_line(first))
 
     say(f"[2] warm-up (not recorded), then {settings['trials']} warm trials, one at a time")

@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-__all__ = ["Detection", "detect", "detect_api", "runtime_hint"]
+__all__ = ["Detection", "detect", "detect_api", "runtime_hint", "server_root"]
 
 _NO_ANSWER = object()
 
@@ -35,14 +35,15 @@ class Detection:
     version: str | None = None
 
 
-def _root(base_url: str) -> str:
+def server_root(base_url: str) -> str:
+    """The server's own base URL: ``base_url`` without a trailing ``/v1``."""
     base = base_url.rstrip("/")
     return base[: -len("/v1")] if base.endswith("/v1") else base
 
 
 class _Prober:
     def __init__(self, base_url: str, headers: Mapping[str, str] | None, timeout: float) -> None:
-        self.base = _root(base_url)
+        self.base = server_root(base_url)
         self.client = httpx.Client(timeout=httpx.Timeout(timeout), headers=dict(headers or {}), trust_env=False)
         self.unreachable = False
 

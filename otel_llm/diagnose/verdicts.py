@@ -32,6 +32,8 @@ THRESHOLDS = {
     # at concurrency 2, the later request's ttft grows by this share of a whole first request
     "queue_share": 0.6,
     "queue_min_s": 0.05,
+    # ... unless its own decode took less than this share of the first's (it arrived in one burst)
+    "collapsed_share": 0.25,
     # overlapping requests generate at less than this share of the warm rate
     "shared_rate_share": 0.7,
     # share of the warm trials the instrumentation found buffered
@@ -164,6 +166,8 @@ def _queueing(result: TargetResult, warm: list[Trial]) -> Verdict | None:
     growth = second.ttft - first.ttft
     if growth < THRESHOLDS["queue_min_s"] or growth < THRESHOLDS["queue_share"] * whole:
         return None
+    if _collapsed(second, first):
+        return None  # its tokens all arrived at once: when they were generated cannot be told
     evidence = {"first_ttft_s": _r(first.ttft), "second_ttft_s": _r(second.ttft), "growth_s": _r(growth),
                 "first_request_total_s": _r(whole), "growth_share": _r(growth / whole if whole else None)}
     if second.queue is not None:
@@ -171,6 +175,15 @@ def _queueing(result: TargetResult, warm: list[Trial]) -> Verdict | None:
     return Verdict("queueing", f"with 2 concurrent requests the second waited {growth:.2f} s more for its first "
                    f"token, about a whole first request ({whole:.2f} s)", evidence,
                    "the runtime serializes; raise its parallel slots or queue deliberately")
+
+
+def _collapsed(trial: Trial, reference: Trial) -> bool:
+    """The trial's stream arrived (nearly) all at once while the reference streamed: a frontend
+    starved of CPU (vLLM's API server on a busy host) sends what the engine generated meanwhile
+    in one burst, so its late first token is no evidence of a queue."""
+    if trial.decode is None or reference.decode is None or reference.decode <= 0:
+        return False
+    return trial.decode < THRESHOLDS["collapsed_share"] * reference.decode
 
 
 def _shared(result: TargetResult, warm: list[Trial]) -> Verdict | None:
