@@ -131,3 +131,19 @@ def test_memory_pressure_during_a_call_shows_on_that_call(sim) -> None:
     before = baseline.attributes[sc.LLM_HOST_MEMORY_UTILIZATION]
     during = pressured.attributes[sc.LLM_HOST_MEMORY_UTILIZATION]
     assert during - before > 0.05, (before, during)  # 3 GiB of 24 GiB is about 0.125
+
+
+def test_a_watched_server_is_recognized_before_any_call(server: LlamaServer, observed: Otel) -> None:
+    """``Telemetry.watch(url)`` (the gateway does it for its upstream at start): the observers
+    identify the process listening there from /proc, with no model call and no request sent."""
+    from otel_llm.instrumentor import current_telemetry
+
+    telemetry = current_telemetry()
+    assert telemetry is not None and telemetry.observers is not None
+    telemetry.watch("not a url")  # ignored, never raises
+    telemetry.watch(f"{server.base_url}/v1")
+    deadline = time.monotonic() + 10
+    while telemetry.observers.runtime_of("127.0.0.1", server.port) is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert telemetry.observers.runtime_of("127.0.0.1", server.port) == "llama.cpp"
+    assert observed.calls() == []

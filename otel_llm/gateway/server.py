@@ -15,6 +15,7 @@ from otel_llm.export.providers import build_providers
 from otel_llm.gateway.app import Gateway
 from otel_llm.gateway.config import ConfigError, GatewayConfig
 from otel_llm.gateway.telemetry import GatewayTelemetry, access_logger
+from otel_llm.instrumentor import current_telemetry
 
 __all__ = ["build_app", "serve"]
 
@@ -46,6 +47,9 @@ def build_app(config: GatewayConfig, **instrument_options: Any) -> tuple[Gateway
     otel_llm.instrument(**{**options, "tracer_provider": providers.tracer_provider,
                            "meter_provider": providers.meter_provider,
                            **({"runtimes": runtimes} if runtimes else {})})
+    core = current_telemetry()
+    if core is not None:  # its runtime is recognized before the first request ends (vLLM)
+        core.watch(config.upstream)
     key = _upstream_key(config)
     holder: dict[str, Gateway] = {}
     telemetry = GatewayTelemetry(providers.tracer_provider, providers.meter_provider,

@@ -6,6 +6,7 @@ attributes from request, response and timeline, the span tree (see ``spans``) an
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from opentelemetry.metrics import MeterProvider
@@ -142,6 +143,20 @@ class Telemetry:
         host, port = endpoint.server
         observers.registry.note(host, port, endpoint.runtime, request.scheme)
         attrs.update(observers.runtime_at_start(host, port))
+
+    def watch(self, url: str) -> None:
+        """Tell the observers of a model server before any call to it (the gateway's upstream),
+        so its runtime is recognized before the first call ends. Never raises."""
+        if self.observers is None:
+            return
+        try:
+            parts = urlsplit(url)
+            scheme = parts.scheme or "http"
+            port = parts.port or (443 if scheme == "https" else 80)
+            if parts.hostname:
+                self.observers.registry.note(parts.hostname, port, self._configured_runtime(url.rstrip("/")), scheme)
+        except Exception:
+            log_once(f"watching the model server {url!r} failed")
 
     def finish_live_calls(self) -> None:
         """End the calls still open (at process exit), so their spans are exported too."""
