@@ -185,6 +185,29 @@ def test_vllm_metrics_reemitted_and_normalized(rig: Rig, fake: FakeRuntime) -> N
     assert fake.hits == {"/metrics": 1}  # a known runtime: only its own endpoint
 
 
+def test_real_vllm_metrics(rig: Rig, fake: FakeRuntime) -> None:
+    """A real vLLM 0.32.0's /metrics after 7 requests (tools/record_vllm_fixtures.py), served to a
+    server no option names: recognized as vLLM from its series, normalized, every series kept."""
+    text = _text("vllm_real_metrics.txt")
+    fake.serve("/metrics", text)
+    rig.registry.note(LOOPBACK, fake.port, None)
+    rig.observer.poll_once()
+    assert rig.observer.runtime_of(LOOPBACK, fake.port) == "vllm"
+    server = {"server.address": LOOPBACK, "server.port": fake.port, "llm.runtime.name": "vllm"}
+    for name in ("llm.runtime.requests.running", "llm.runtime.requests.waiting", "llm.runtime.kv_cache.usage"):
+        assert rig.points(name) == [(0, server)], name
+    assert rig.value("vllm.request_success_total", finished_reason="length") == 7
+    assert rig.value("vllm.generation_tokens_total") == 53
+    for histogram in ("time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds"):
+        assert rig.value(f"vllm.{histogram}_count") > 0, histogram
+        assert rig.value(f"vllm.{histogram}_sum") > 0, histogram
+    # every vLLM series of the answer became an instrument (buckets and _created aside)
+    names = {line.split("{")[0].split(" ")[0] for line in text.splitlines()
+             if line.startswith("vllm:") and "_bucket" not in line and "_created" not in line}
+    missing = {n for n in names if otel_name(n) not in rig.metrics()}
+    assert not missing, sorted(missing)
+
+
 def test_vllm_legacy_kv_cache_fallback(rig: Rig, fake: FakeRuntime) -> None:
     fake.serve("/metrics", _text("vllm_legacy_metrics.txt"))
     rig.registry.note(LOOPBACK, fake.port, "vllm")

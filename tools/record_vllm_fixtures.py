@@ -1,0 +1,90 @@
+"""Record a real vLLM's answers as test fixtures: ``tests/fixtures/runtimes/vllm/`` (responses)
+and ``tests/fixtures/observers/vllm_real_metrics.txt`` (its ``/metrics`` after those calls).
+
+    python tools/record_vllm_fixtures.py                       # start the test vLLM and record
+    python tools/record_vllm_fixtures.py --base-url URL --out DIR --model NAME   # a running server
+
+Without ``--base-url`` it starts ``otel_llm.testing.vllm.VllmServer`` (the tiny local model, with
+``--enable-prompt-tokens-details`` so cached prompt tokens are reported) and writes into the
+repository, so a new vLLM version is one command away from fresh fixtures. Output lengths are
+fixed (``ignore_eos``); the text is the tiny model's noise. ``error_stream.sse`` is not recorded
+(a mid-stream engine failure cannot be provoked on purpose) and stays hand-written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+# long enough to fill a KV-cache block, so that the second identical request reuses it
+PROMPT = " ".join(["Where did the time go between the request and the first token?"] * 12)
+FIXED = {"ignore_eos": True, "seed": 7}  # n=2 needs sampling: seeded instead of greedy
+
+
+def _chat(model: str, tokens: int, **extra: object) -> dict[str, object]:
+    return {"model": model, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": tokens, **FIXED, **extra}
+
+
+def _stream(client: httpx.Client, path: str, body: dict[str, object]) -> bytes:
+    with client.stream("POST", path, json={**body, "stream": True}) as response:
+        data = response.read()
+        if response.status_code != 200:
+            raise SystemExit(f"POST {path} answered {response.status_code}: {data[:500]!r}")
+        return data
+
+
+def record(base_url: str, model: str, responses: Path, metrics: Path) -> list[Path]:
+    """Make the calls and write the files; the paths written."""
+    responses.mkdir(parents=True, exist_ok=True)
+    written = []
+    with httpx.Client(base_url=base_url, timeout=120) as client:
+        client.post("/v1/chat/completions", json=_chat(model, 4)).raise_for_status()  # warms the prefix cache
+        files = {
+            "chat.json": client.post("/v1/chat/completions", json=_chat(model, 12, n=2)).content,
+            "chat_stream.sse": _stream(client, "/v1/chat/completions",
+                                       _chat(model, 8, stream_options={"include_usage": True})),
+            "chat_stream_continuous_usage.sse": _stream(
+                client, "/v1/chat/completions",
+                _chat(model, 5, stream_options={"include_usage": True, "continuous_usage_stats": True})),
+            "completions_stream.sse": _stream(client, "/v1/completions", {
+                "model": model, "prompt": PROMPT, "max_tokens": 6, "n": 2,
+                "stream_options": {"include_usage": True}, **FIXED}),
+        }
+        for name, body in files.items():
+            path = responses / name
+            path.write_bytes(body)
+            written.append(path)
+        metrics.write_bytes(client.get("/metrics").content)
+        written.append(metrics)
+    json.loads(files["chat.json"])  # a non-JSON answer is an error worth stopping for
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base-url", help="a running vLLM (default: start the test one)")
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--out", type=Path, default=ROOT / "tests" / "fixtures" / "runtimes" / "vllm")
+    parser.add_argument("--metrics-out", type=Path,
+                        default=ROOT / "tests" / "fixtures" / "observers" / "vllm_real_metrics.txt")
+    args = parser.parse_args(argv)
+    if args.base_url:
+        written = record(args.base_url, args.model, args.out, args.metrics_out)
+    else:
+        sys.path.insert(0, str(ROOT))
+        from otel_llm.testing.vllm import VllmServer
+
+        with VllmServer(extra_args=["--enable-prompt-tokens-details"]) as server:
+            written = record(server.base_url, server.model_name, args.out, args.metrics_out)
+    for path in written:
+        print(f"wrote {path} ({path.stat().st_size} bytes)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
