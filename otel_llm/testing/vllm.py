@@ -163,10 +163,11 @@ class VllmServer:
         return args + self.extra_args
 
     def _env(self) -> dict[str, str]:
-        return _clean_env(VLLM_CPU_KVCACHE_SPACE=str(self.kv_cache_gib), VLLM_NO_USAGE_STATS="1",
-                          DO_NOT_TRACK="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-                          OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf", OTEL_SERVICE_NAME=self.service_name,
-                          PYTHONUNBUFFERED="1", **self.extra_env)
+        env = _clean_env(VLLM_CPU_KVCACHE_SPACE=str(self.kv_cache_gib), VLLM_NO_USAGE_STATS="1",
+                         DO_NOT_TRACK="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+                         OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf", OTEL_SERVICE_NAME=self.service_name,
+                         PYTHONUNBUFFERED="1")
+        return {**env, **self.extra_env}  # the caller's settings win (OTEL_SERVICE_NAME...)
 
     def start(self) -> VllmServer:
         chosen = self.port
