@@ -29,6 +29,7 @@ from otel_llm.testing.phoenix import PhoenixServer
 from otel_llm.testing.vllm import VllmServer
 from tests.conftest import Otel, make_otel
 from tests.helpers_servers import clean_env, run_python
+from tests.test_prometheus import prometheus_binary  # noqa: F401 - the fixture (installs Prometheus)
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -460,3 +461,78 @@ def test_fixture_recorder_against_the_real_vllm(vllm: VllmServer, tmp_path: Path
     text = (tmp_path / "metrics.txt").read_text()
     normalized = _normalize(_samples(list(text_string_to_metric_families(text)), _names_in(text)))
     assert normalized == {"requests.running": 0, "requests.waiting": 0, "kv_cache.usage": 0.0}
+
+
+# --- the dashboards' runtime panels, from the real vLLM through the real Prometheus ---------------------
+
+DASHBOARD_APP = r"""
+import json, os, sys, threading, time
+import httpx, otel_llm
+
+cfg = json.loads(sys.argv[1])
+# the default poll policy: the vLLM process is identified from /proc and polled
+otel_llm.instrument(service_name="vllm-dashboards", console_summary=False, traces_file=os.devnull,
+                    sample_interval=0.5, host_metrics=False, gpu_metrics=False)
+body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 200,
+        "ignore_eos": True, "stream": True}
+
+
+def loop():
+    with httpx.Client(timeout=60) as client:
+        while not os.path.exists(cfg["stop"]):
+            with client.stream("POST", cfg["url"] + "/v1/chat/completions", json=body) as r:
+                r.read()
+
+
+threads = [threading.Thread(target=loop) for _ in range(2)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+otel_llm.uninstrument()
+"""
+
+
+def test_dashboard_runtime_panels_show_the_real_vllm(vllm: VllmServer, prometheus_binary: str,  # noqa: F811
+                                                     tmp_path: Path) -> None:
+    """The running / waiting panels of both dashboards, as Grafana would query them, return vLLM's
+    own counts (``llm.runtime.name=vllm``) for an application calling it, scraped by Prometheus."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.test_dashboards import metric_names, queries, substitute
+    from tests.test_prometheus import LOOPBACK, Prometheus, finite_values, free_port, wait_until
+
+    runtime_panels = [q for q in queries() if metric_names(q.expr) & {"llm_runtime_requests_running",
+                                                                       "llm_runtime_requests_waiting"}]
+    assert len(runtime_panels) == 4, [q.key for q in runtime_panels]
+    port, stop = free_port(), tmp_path / "stop"
+    env = clean_env(OTEL_METRICS_EXPORTER="prometheus", OTEL_EXPORTER_PROMETHEUS_HOST=LOOPBACK,
+                    OTEL_EXPORTER_PROMETHEUS_PORT=str(port))
+    (tmp_path / "app.py").write_text(DASHBOARD_APP)
+    with Prometheus(prometheus_binary, {"vllm-app": f"{LOOPBACK}:{port}"}) as prometheus, \
+            open(tmp_path / "app.log", "wb") as log:
+        app = subprocess.Popen([sys.executable, str(tmp_path / "app.py"),
+                                json.dumps({"url": vllm.base_url, "stop": str(stop)})],
+                               cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            prometheus.wait_ready()
+            busy = 'max_over_time(llm_runtime_requests_running{llm_runtime_name="vllm"}[1m])'
+
+            def seen() -> bool:
+                return bool([v for v in finite_values(prometheus.query(busy)) if v >= 1])
+
+            assert wait_until(seen, timeout=90, interval=1.0), (tmp_path / "app.log").read_text()[-3000:]
+            results = {q.key: prometheus.query(substitute(q.expr)) for q in runtime_panels}
+        finally:
+            stop.touch()
+            try:
+                app.wait(60)
+            except subprocess.TimeoutExpired:
+                app.kill()
+                app.wait()
+    for key, samples in results.items():
+        assert finite_values(samples), (key, samples)
+        assert {s["metric"].get("llm_runtime_name") for s in samples if "llm_runtime_name" in s["metric"]} <= {"vllm"}
+    assert "Traceback" not in (tmp_path / "app.log").read_text(errors="replace")
