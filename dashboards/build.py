@@ -197,7 +197,11 @@ def dashboard_links(jaeger: bool = True) -> list[dict[str, Any]]:
 
 
 # --- "LLM calls" ------------------------------------------------------------------------------
-CALL = 'service_name=~"$service", gen_ai_provider_name=~"$runtime", gen_ai_request_model=~"$model"'
+# A call an otel-llm gateway relays is also recorded by its caller: the fleet's calls are counted
+# once, from the caller's side (the gateway dashboard shows the relayed ones).
+NOT_RELAYED = 'llm_gateway_relayed!~"(?i)true"'
+CALL = ('service_name=~"$service", gen_ai_provider_name=~"$runtime", gen_ai_request_model=~"$model", '
+        + NOT_RELAYED)
 MR = "gen_ai_request_model, gen_ai_provider_name"  # by model and runtime
 MR_LEGEND = "{{gen_ai_request_model}} ({{gen_ai_provider_name}})"
 
@@ -206,11 +210,11 @@ def calls_dashboard() -> dict[str, Any]:
     count = "gen_ai_client_operation_duration_seconds_count"
     variables = [
         datasource_variable(),
-        query_variable("service", "Service", f"label_values({count}, service_name)"),
+        query_variable("service", "Service", f"label_values({count}{{{NOT_RELAYED}}}, service_name)"),
         query_variable("runtime", "Runtime",
-                       f'label_values({count}{{service_name=~"$service"}}, gen_ai_provider_name)'),
+                       f'label_values({count}{{service_name=~"$service", {NOT_RELAYED}}}, gen_ai_provider_name)'),
         query_variable("model", "Model", f'label_values({count}{{service_name=~"$service", '
-                                         f'gen_ai_provider_name=~"$runtime"}}, gen_ai_request_model)'),
+                                         f'gen_ai_provider_name=~"$runtime", {NOT_RELAYED}}}, gen_ai_request_model)'),
         traces_variable(), jaeger_variable(),
     ]
     lay = Layout()
@@ -371,7 +375,8 @@ def calls_dashboard() -> dict[str, Any]:
         "llm.client.active_requests: model calls this service has in flight per server. "
         "llm.runtime.requests.running / .waiting: what the runtime itself reports (llama.cpp --metrics, vLLM, TGI, "
         "SGLang), polled in the background. More calls in flight than the runtime runs means they queue.",
-        [target('sum by (server_address, server_port) (llm_client_active_requests{service_name=~"$service"})',
+        [target('sum by (server_address, server_port) (llm_client_active_requests{service_name=~"$service", '
+                + NOT_RELAYED + '})',
                 "in flight {{server_address}}:{{server_port}}"),
          target('max by (server_address, server_port, llm_runtime_name) (llm_runtime_requests_running'
                 '{service_name=~"$service", llm_runtime_name=~"$runtime"})',
@@ -418,7 +423,7 @@ def host_dashboard() -> dict[str, Any]:
         "Calls in flight vs runtime running / waiting",
         "llm.client.active_requests (this service's calls in flight, all servers) and llm.runtime.requests.running / "
         ".waiting as each runtime reports them.",
-        [target('sum(llm_client_active_requests{service_name=~"$service"})', "calls in flight"),
+        [target('sum(llm_client_active_requests{service_name=~"$service", ' + NOT_RELAYED + '})', "calls in flight"),
          target(f"max by (llm_runtime_name, server_address, server_port) (llm_runtime_requests_running{{{RUNTIME}}})",
                 "running {{llm_runtime_name}} {{server_address}}:{{server_port}}", "B"),
          target(f"max by (llm_runtime_name, server_address, server_port) (llm_runtime_requests_waiting{{{RUNTIME}}})",

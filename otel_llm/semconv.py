@@ -192,6 +192,18 @@ SERVER_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.
 SERVER_TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
 RATE_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0, 20000.0)
 
+# --- a runtime's own spans, as it exports them (read by `otel-llm view`, never written) ---------
+# vLLM's `llm_request` SERVER span (--otlp-traces-endpoint): seconds, from vLLM's clock; its token
+# counts keep the older usage names
+VLLM_LATENCY_PREFIX = "gen_ai.latency."
+VLLM_TIME_IN_QUEUE = "gen_ai.latency.time_in_queue"
+VLLM_TIME_IN_PREFILL = "gen_ai.latency.time_in_model_prefill"
+VLLM_TIME_IN_DECODE = "gen_ai.latency.time_in_model_decode"
+VLLM_TIME_TO_FIRST_TOKEN = "gen_ai.latency.time_to_first_token"
+VLLM_E2E = "gen_ai.latency.e2e"
+VLLM_PROMPT_TOKENS = "gen_ai.usage.prompt_tokens"
+VLLM_COMPLETION_TOKENS = "gen_ai.usage.completion_tokens"
+
 # --- gateway (otel-llm gateway): server spans, children, metrics ----------------------------
 HTTP_ROUTE = "http.route"
 URL_PATH = "url.path"
@@ -205,6 +217,9 @@ LLM_GATEWAY_QUEUE_DEPTH = "llm.gateway.queue.depth"  # also the metric
 LLM_GATEWAY_QUEUE_WAIT = "llm.gateway.queue.wait"  # also the metric
 LLM_GATEWAY_UPSTREAM_FIRST_BYTE = "llm.gateway.upstream.time_to_first_byte"
 LLM_GATEWAY_RESPONSE_BYTES = "llm.gateway.response_bytes"
+# On the gateway's own model calls (span and metrics): the call relays a request the gateway
+# received, whose caller may have recorded the same call; fleet-wide sums leave these out.
+LLM_GATEWAY_RELAYED = "llm.gateway.relayed"
 SPAN_GATEWAY_AUTH = "gateway.auth"
 SPAN_GATEWAY_QUEUE = "gateway.queue"
 METRIC_GATEWAY_REQUESTS = "llm.gateway.requests"

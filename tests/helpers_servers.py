@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import base64
 import gzip
 import json
 import os
@@ -25,6 +26,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import httpx
+from google.protobuf.json_format import MessageToDict
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
@@ -199,6 +202,20 @@ class Received:
                     out.extend((resource, span) for span in scope_spans.spans)
         return out
 
+    def write_otlp_json(self, path: Path) -> None:
+        """The trace exports as OTLP/JSON lines, one per export, as the OpenTelemetry Collector's
+        file exporter writes them (ids in hex, enums as numbers)."""
+        with open(path, "w") as out:
+            for request in self.traces:
+                doc = MessageToDict(request, use_integers_for_enums=True)
+                for resource_spans in doc.get("resourceSpans", ()):
+                    for scope_spans in resource_spans.get("scopeSpans", ()):
+                        for span in scope_spans.get("spans", ()):
+                            for key in ("traceId", "spanId", "parentSpanId"):
+                                if span.get(key):
+                                    span[key] = base64.b64decode(span[key]).hex()
+                out.write(json.dumps(doc) + "\n")
+
     def metric_names(self) -> set[str]:
         return {m.name for r in self.metrics for rm in r.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
 
@@ -248,6 +265,9 @@ class _OtlpHandler(BaseHTTPRequestHandler):
         if self.path == "/v1/traces":
             received.traces.append(trace_service_pb2.ExportTraceServiceRequest.FromString(body))
             reply = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+            if self.server.forward_to:  # as a collector with a second exporter would
+                httpx.post(self.server.forward_to + self.path, content=body, timeout=30, trust_env=False,
+                           headers={"Content-Type": self.headers.get("Content-Type") or "application/x-protobuf"})
         elif self.path == "/v1/metrics":
             received.metrics.append(metrics_service_pb2.ExportMetricsServiceRequest.FromString(body))
             reply = metrics_service_pb2.ExportMetricsServiceResponse().SerializeToString()
@@ -267,16 +287,19 @@ class _OtlpHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
 
-    def __init__(self) -> None:
+    def __init__(self, forward_to: str | None = None) -> None:
         self.received = Received()
+        self.forward_to = forward_to
         super().__init__((LOOPBACK, 0), _OtlpHandler)
 
 
 class OtlpHttpCollector:
-    """OTLP http/protobuf receiver on 127.0.0.1 (POST /v1/traces, /v1/metrics)."""
+    """OTLP http/protobuf receiver on 127.0.0.1 (POST /v1/traces, /v1/metrics); with
+    ``forward_to`` (an OTLP/HTTP base URL) it also passes each trace export on, as a collector
+    exporting to a backend does."""
 
-    def __init__(self) -> None:
-        self._server = _OtlpHTTPServer()
+    def __init__(self, forward_to: str | None = None) -> None:
+        self._server = _OtlpHTTPServer(forward_to)
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
                                         name="otlp-http", daemon=True)
 

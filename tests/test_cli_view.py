@@ -18,7 +18,7 @@ from opentelemetry.trace import SpanKind
 
 from otel_llm import semconv as sc
 from otel_llm.cli import main as cli_main
-from otel_llm.cli.view import UNACCOUNTED, render_calls
+from otel_llm.cli.view import UNACCOUNTED, group_calls, render_calls
 from otel_llm.export.jsonl import JsonLinesSpanExporter, read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
@@ -237,3 +237,79 @@ def test_broken_optional_command_does_not_break_view(monkeypatch: Any, traces: P
     assert "unavailable" in capsys.readouterr().err
     assert cli_main.main(["view", str(traces), "--ascii"]) == 0
     assert "chat newest" in capsys.readouterr().out
+
+
+def _hop_trace(path: Path, tracer: trace.Tracer | None = None) -> None:
+    """An app's call through a gateway to vLLM, as one collector would write the three processes'
+    spans: the app's CLIENT call, the gateway's SERVER span, its relayed CLIENT call, and vLLM's
+    own ``llm_request`` SERVER span under that."""
+    tracer = tracer or _tracer(path)
+    call = tracer.start_span("chat tiny", kind=SpanKind.CLIENT, start_time=T0, attributes=_attrs("tiny"))
+    server = tracer.start_span("POST /v1/chat/completions", context=trace.set_span_in_context(call),
+                               kind=SpanKind.SERVER, start_time=T0 + 5 * MS)
+    hop = tracer.start_span("chat tiny", context=trace.set_span_in_context(server), kind=SpanKind.CLIENT,
+                            start_time=T0 + 7 * MS,
+                            attributes=_attrs("tiny", **{sc.SERVER_PORT: 8000, sc.LLM_GATEWAY_RELAYED: True}))
+    tracer.start_span(sc.SPAN_SERVER_WAIT, context=trace.set_span_in_context(hop),
+                      start_time=T0 + 8 * MS).end(end_time=T0 + 400 * MS)
+    vllm = {sc.VLLM_TIME_IN_QUEUE: 0.25, sc.VLLM_TIME_IN_PREFILL: 0.1, sc.VLLM_TIME_IN_DECODE: 0.5,
+            sc.VLLM_TIME_TO_FIRST_TOKEN: 0.36, sc.VLLM_E2E: 0.86, sc.VLLM_PROMPT_TOKENS: 12,
+            sc.VLLM_COMPLETION_TOKENS: 40}
+    tracer.start_span("llm_request", context=trace.set_span_in_context(hop), kind=SpanKind.SERVER,
+                      start_time=T0 + 9 * MS, attributes=vllm).end(end_time=T0 + 870 * MS)
+    hop.end(end_time=T0 + 880 * MS)
+    server.end(end_time=T0 + 890 * MS)
+    call.end(end_time=T0 + 900 * MS)
+
+
+def test_a_call_relayed_by_a_gateway_is_one_call_with_its_hop_and_the_runtimes_span(tmp_path: Path) -> None:
+    path = tmp_path / "traces.jsonl"
+    _hop_trace(path)
+    (call,) = group_calls(read_jsonl(path))
+    assert call.span["attributes"][sc.SERVER_PORT] == 8080, "the app's call is the one counted"
+    (hop,) = call.relayed
+    assert hop.span["attributes"][sc.SERVER_PORT] == 8000 and [p["name"] for p in hop.phases] == [sc.SPAN_SERVER_WAIT]
+    assert [s["name"] for s in hop.served] == ["llm_request"] and not call.served
+    text = render_calls(read_jsonl(path), width=WIDTH, ascii=True)
+    assert text.count("relayed on its behalf as:") == 1 and "the runtime's own span" in text
+    assert "queue 250.0ms  prefill 100.0ms  decode 500.0ms  ttft 360.0ms  e2e 860.0ms" in text
+    assert all(len(line) <= WIDTH for line in text.splitlines()), text
+
+
+def test_the_gateways_spans_alone_are_a_call(tmp_path: Path) -> None:
+    """Without the caller's spans (the gateway's own traces file), the relayed call is the call."""
+    path = tmp_path / "traces.jsonl"
+    _hop_trace(path)
+    spans = [s for s in read_jsonl(path) if s["name"] != "chat tiny" or s["attributes"][sc.SERVER_PORT] == 8000]
+    (call,) = group_calls(spans)
+    assert call.span["attributes"][sc.LLM_GATEWAY_RELAYED] is True and len(call.served) == 1
+
+
+def test_a_parent_cycle_in_a_hostile_file_ends(tmp_path: Path) -> None:
+    path = tmp_path / "traces.jsonl"
+    _hop_trace(path)
+    spans = list(read_jsonl(path))
+    server = next(s for s in spans if s["name"].startswith("POST "))
+    runtime = next(s for s in spans if s["name"] == "llm_request")
+    server["parentSpanId"] = server["spanId"]  # the gateway's span its own parent
+    runtime["parentSpanId"] = server["spanId"]
+    calls = group_calls(spans)
+    assert len(calls) == 2 and not any(c.served for c in calls)
+
+
+def test_a_collectors_otlp_json_file_reads_the_same(tmp_path: Path) -> None:
+    """The same spans exported over OTLP/HTTP to a receiver and written as the Collector's file
+    exporter writes them: one call, its hop, the runtime's span."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    from tests.helpers_servers import OtlpHttpCollector
+
+    with OtlpHttpCollector() as collector:
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(f"{collector.endpoint}/v1/traces")))
+        _hop_trace(tmp_path / "unused.jsonl", provider.get_tracer("otel_llm"))
+        provider.shutdown()
+        collector.received.write_otlp_json(tmp_path / "collector.json")
+    (call,) = group_calls(read_jsonl(tmp_path / "collector.json"))
+    (hop,) = call.relayed
+    assert [s["name"] for s in hop.served] == ["llm_request"]

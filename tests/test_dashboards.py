@@ -486,3 +486,27 @@ def test_panels_filtered_to_one_value_of_each_variable(stack: Stack) -> None:
     results = {q.key: stack.prometheus.query(substitute(q.expr, values)) for q in calls}
     empty = sorted(key for key, samples in results.items() if not samples)
     assert not empty, empty
+
+
+def test_a_call_through_the_gateway_counts_once(stack: Stack) -> None:
+    """The app calls the gateway, which calls the simulator: two records of each call, the app's
+    and the gateway's. The gateway marks its own (llm.gateway.relayed), and the calls dashboard,
+    with every service selected, counts what the app alone counts: calls, tokens, phases, calls
+    in flight. Each difference is taken in one query, so both sides come from the same scrape."""
+    calls = [q for q in queries() if q.file == "otel-llm-calls.json"]
+    call_selector = re.search(r"\{(service_name=~\"\$service\", gen_ai_provider_name[^}]*)\}", calls[0].expr)
+    assert call_selector, calls[0].expr
+    every = substitute(call_selector.group(1))
+    app = substitute(call_selector.group(1), {"service": "dashboards-app"})
+    relayed = 'service_name="otel-llm-gateway", llm_gateway_relayed=~"(?i)true"'
+    for metric in ("gen_ai_client_operation_duration_seconds_count", "gen_ai_client_token_usage_sum",
+                   "llm_client_phase_duration_seconds_count", "llm_diagnosis_calls_total"):
+        marked = stack.prometheus.query(f"sum({metric}{{{relayed}}})")
+        assert marked and float(marked[0]["value"][1]) > 0, (metric, "the gateway's calls are not marked")
+        unmarked = stack.prometheus.query(f'sum({metric}{{service_name="otel-llm-gateway", '
+                                          f'llm_gateway_relayed!~"(?i)true"}})')
+        assert not unmarked, (metric, unmarked)
+        difference = stack.prometheus.query(f"sum({metric}{{{every}}}) - sum({metric}{{{app}}})")
+        assert difference and float(difference[0]["value"][1]) == 0, (metric, difference)
+    in_flight = stack.prometheus.query(f'count(llm_client_active_requests{{{relayed}}})')
+    assert in_flight and float(in_flight[0]["value"][1]) > 0, "the gateway's in-flight gauge is not marked"

@@ -30,7 +30,9 @@ from otel_llm.gateway.process import GatewayProcess
 from otel_llm.testing.phoenix import PhoenixServer
 from otel_llm.testing.vllm import VllmServer
 from tests.conftest import Otel, make_otel
-from tests.helpers_servers import clean_env, run_python
+from otel_llm.cli.view import group_calls, render_calls
+from otel_llm.export.jsonl import read_jsonl
+from tests.helpers_servers import OtlpHttpCollector, clean_env, run_python
 from tests.test_prometheus import prometheus_binary  # noqa: F401 - the fixture (installs Prometheus)
 
 pytestmark = pytest.mark.timeout(900)
@@ -48,9 +50,17 @@ def phoenix() -> Iterator[PhoenixServer]:
 
 
 @pytest.fixture(scope="module")
-def vllm(phoenix: PhoenixServer) -> Iterator[VllmServer]:
-    """Continuous batching (vLLM's default scheduler), its spans to Phoenix."""
-    with VllmServer(otlp_traces_endpoint=phoenix.otlp_http_endpoint,
+def collector(phoenix: PhoenixServer) -> Iterator[OtlpHttpCollector]:
+    """One OTLP receiver for every process of a test, passing the spans on to Phoenix: what a user
+    who sends the application's, the gateway's and vLLM's spans to one collector has."""
+    with OtlpHttpCollector(forward_to=phoenix.otlp_http_endpoint) as receiver:
+        yield receiver
+
+
+@pytest.fixture(scope="module")
+def vllm(collector: OtlpHttpCollector) -> Iterator[VllmServer]:
+    """Continuous batching (vLLM's default scheduler), its spans to Phoenix (through the collector)."""
+    with VllmServer(otlp_traces_endpoint=collector.endpoint,
                     extra_args=["--enable-prompt-tokens-details"]) as server:
         yield server
 
@@ -327,12 +337,13 @@ print("CALLS-DONE")
 
 
 def test_one_trace_across_client_gateway_and_vllm_in_phoenix(vllm: VllmServer, phoenix: PhoenixServer,
-                                                             tmp_path: Path) -> None:
-    env = {"OTEL_LLM_ENDPOINT": phoenix.otlp_http_endpoint, "OTEL_LLM_HOST_METRICS": "false",
+                                                             collector: OtlpHttpCollector, tmp_path: Path) -> None:
+    """Every process sends its spans to one collector, which passes them on to Phoenix."""
+    env = {"OTEL_LLM_ENDPOINT": collector.endpoint, "OTEL_LLM_HOST_METRICS": "false",
            "OTEL_LLM_GPU_METRICS": "false", "OTEL_METRICS_EXPORTER": "none"}
     with GatewayProcess(vllm.base_url, {"app": {"routes": ["/v1/*"]}}, env=env) as gateway:
         run = run_python(APP, tmp_path, clean_env(OTEL_METRICS_EXPORTER="none"), gateway.url,
-                         gateway.secrets["app"], phoenix.otlp_http_endpoint, timeout=120)
+                         gateway.secrets["app"], collector.endpoint, timeout=120)
         assert run.returncode == 0 and "CALLS-DONE" in run.stdout, run.stderr[-3000:]
 
     def tree(spans: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
@@ -370,6 +381,26 @@ def test_one_trace_across_client_gateway_and_vllm_in_phoenix(vllm: VllmServer, p
     assert start(server) < end(client_call) and end(upstream) <= end(client_call) + 0.05
     assert client_call["attributes"][sc.LLM_CLIENT_TIME_TO_FIRST_TOKEN] >= float(
         runtime["attributes"]["gen_ai.latency.time_to_first_token"]) - CLOCK_TOL
+    assert upstream["attributes"][sc.LLM_GATEWAY_RELAYED] is True
+    assert sc.LLM_GATEWAY_RELAYED not in client_call["attributes"]
+    _counted_once_in_the_collectors_file(collector, client_call["context"]["trace_id"], tmp_path)
+
+
+def _counted_once_in_the_collectors_file(collector: OtlpHttpCollector, trace_id: str, tmp_path: Path) -> None:
+    """The collector's spans as its file exporter writes them, read by ``otel-llm view``: the
+    request is one call (the app's), the gateway's upstream call a hop of it, vLLM's
+    ``llm_request`` that hop's runtime span; its tokens appear once as a call's."""
+    path = tmp_path / "collector.json"
+    collector.received.write_otlp_json(path)
+    calls = [c for c in group_calls(read_jsonl(path)) if c.span["traceId"] == trace_id]
+    assert len(calls) == 1, [c.span["name"] for c in calls]
+    (call,) = calls
+    (hop,) = call.relayed
+    assert hop.span["attributes"][sc.SERVER_PORT] != call.span["attributes"][sc.SERVER_PORT]
+    assert [s["name"] for s in hop.served] == ["llm_request"] and not call.served
+    assert call.span["attributes"][sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 12
+    text = render_calls(read_jsonl(path), trace_id=trace_id, width=120)
+    assert text.count("relayed on its behalf as:") == 1 and "out 12" in text, text
 
 
 # --- the README's vLLM lines ------------------------------------------------------------------------

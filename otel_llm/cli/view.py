@@ -2,6 +2,12 @@
 
 Input is the flattened span dicts of :func:`otel_llm.export.jsonl.read_jsonl`. A model call is
 a CLIENT span carrying ``gen_ai.operation.name``; its direct children are the phase spans.
+
+When several processes' spans meet in one file (a collector's file exporter fed by the
+application, ``otel-llm gateway`` and the runtime), a model call made on behalf of another one in
+the same trace (the gateway relaying it) is a hop of that call, shown under it and not counted
+again, and a SERVER span the runtime exported itself (vLLM's ``llm_request``) is the runtime's own
+account of the call that reached it.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ __all__ = ["ModelCall", "format_duration", "group_calls", "render_call", "render
 
 SpanDict = Mapping[str, Any]
 
-_KIND_CLIENT = 3  # OTLP SpanKind numbering
+_KIND_SERVER, _KIND_CLIENT = 2, 3  # OTLP SpanKind numbering
 _STATUS_ERROR = 2
 _NAME_MIN, _NAME_MAX = 15, 24  # phase-name column; 15 fits "llm.server_wait"
 _MIN_BAR = 10
@@ -35,6 +41,8 @@ class ModelCall:
     span: SpanDict
     phases: list[SpanDict] = field(default_factory=list)
     runtime: list[SpanDict] = field(default_factory=list)  # llm.synthesized=true
+    relayed: list[ModelCall] = field(default_factory=list)  # calls made on its behalf (a gateway's)
+    served: list[SpanDict] = field(default_factory=list)  # the runtime's own SERVER spans
 
     @property
     def start_ns(self) -> int:
@@ -63,15 +71,56 @@ def group_calls(spans: Iterable[SpanDict]) -> list[ModelCall]:
     for span in spans:
         unique[(span["traceId"], span["spanId"])] = span
     calls = {key: ModelCall(span) for key, span in unique.items() if _is_model_call(span)}
-    for span in unique.values():
+    for key, span in unique.items():
         parent = calls.get((span["traceId"], span.get("parentSpanId") or ""))
-        if parent is not None:
+        # another process's span under the call (the server it called) is not one of its phases
+        if parent is not None and key not in calls and span.get("kind") != _KIND_SERVER:
             synthesized = (span.get("attributes") or {}).get(sc.LLM_SYNTHESIZED)
             (parent.runtime if synthesized else parent.phases).append(span)
+    for key, span in unique.items():
+        if key not in calls and _is_runtime_report(span):
+            caller = _calling(unique, calls, key)
+            if caller is not None:
+                caller.served.append(span)
+    outer = {key: call for key, call in calls.items() if not _relay(unique, calls, key)}
     for call in calls.values():
-        call.phases.sort(key=lambda s: (s["startTimeUnixNano"], s["endTimeUnixNano"]))
-        call.runtime.sort(key=lambda s: (s["startTimeUnixNano"], s["endTimeUnixNano"]))
-    return sorted(calls.values(), key=lambda c: (c.start_ns, c.end_ns))
+        for spans in (call.phases, call.runtime, call.served):
+            spans.sort(key=lambda s: (s["startTimeUnixNano"], s["endTimeUnixNano"]))
+        call.relayed.sort(key=lambda c: (c.start_ns, c.end_ns))
+    return sorted(outer.values(), key=lambda c: (c.start_ns, c.end_ns))
+
+
+_MAX_DEPTH = 64  # parent chains longer than this (or cyclic ones, in a hostile file) are cut
+
+
+def _is_runtime_report(span: SpanDict) -> bool:
+    """A SERVER span with the runtime's own gen_ai latencies (vLLM's ``llm_request``)."""
+    attrs = span.get("attributes") or {}
+    return span.get("kind") == _KIND_SERVER and any(k.startswith(sc.VLLM_LATENCY_PREFIX) for k in attrs)
+
+
+def _calling(unique: Mapping[tuple[str, str], SpanDict], calls: Mapping[tuple[str, str], ModelCall],
+             key: tuple[str, str]) -> ModelCall | None:
+    """The nearest model call above the span ``key`` in its trace, if any."""
+    trace_id, span = key[0], unique[key]
+    for _ in range(_MAX_DEPTH):
+        parent = (trace_id, span.get("parentSpanId") or "")
+        if parent in calls:
+            return calls[parent]
+        if parent not in unique:
+            return None
+        span = unique[parent]
+    return None
+
+
+def _relay(unique: Mapping[tuple[str, str], SpanDict], calls: Mapping[tuple[str, str], ModelCall],
+           key: tuple[str, str]) -> bool:
+    """Whether the call ``key`` was made on behalf of another call (attached to it if so)."""
+    caller = _calling(unique, calls, key)
+    if caller is None:
+        return False
+    caller.relayed.append(calls[key])
+    return True
 
 
 def select_calls(calls: list[ModelCall], last: int | None = None, trace_id: str | None = None) -> list[ModelCall]:
@@ -214,7 +263,7 @@ def _row(name: str, offset_ns: int, duration_ns: int, cells: list[str], name_wid
 def render_call(call: ModelCall, width: int = 100, ascii: bool = False) -> str:
     """Render one call: header lines, one bar row per phase, and the unaccounted remainder."""
     full, gap_char, edge, reported = ("#", ".", "|", "=") if ascii else ("█", "░", "│", "▒")
-    names = [str(p.get("name", "")) for p in call.phases + call.runtime] + [UNACCOUNTED]
+    names = [str(p.get("name", "")) for p in call.phases + call.runtime + call.served] + [UNACCOUNTED]
     name_width = min(_NAME_MAX, max(_NAME_MIN, *(len(n) for n in names)))
     bar_width = max(_MIN_BAR, width - (2 + name_width + 1 + 10 + 1 + 9 + 1 + 2))
     total = call.duration_ns
@@ -237,7 +286,32 @@ def render_call(call: ModelCall, width: int = 100, ascii: bool = False) -> str:
     if call.runtime:
         lines.append(f"  as the runtime reports it ({reported}):")
         lines.extend(span_row(span, reported) for span in call.runtime)
+    if call.served:
+        lines.append(f"  the runtime's own span ({reported}):")
+        for span in call.served:
+            lines.append(span_row(span, reported))
+            lines.extend(_pack(_served(span.get("attributes") or {}), width, "    "))
+    for hop in call.relayed:
+        lines.append("  relayed on its behalf as:")
+        lines.extend("    " + line for line in render_call(hop, width - 4, ascii).splitlines())
     return "\n".join(lines)
+
+
+_SERVED = (("queue", sc.VLLM_TIME_IN_QUEUE), ("prefill", sc.VLLM_TIME_IN_PREFILL),
+           ("decode", sc.VLLM_TIME_IN_DECODE), ("ttft", sc.VLLM_TIME_TO_FIRST_TOKEN), ("e2e", sc.VLLM_E2E))
+
+
+def _served(attrs: Mapping[str, Any]) -> list[str]:
+    """The latencies and token counts a runtime's own span carries."""
+    parts = []
+    for label, key in _SERVED:
+        value = finite_number(attrs.get(key))
+        if value is not None:
+            parts.append(f"{label} {format_duration(value)}")
+    tin, tout = attrs.get(sc.VLLM_PROMPT_TOKENS), attrs.get(sc.VLLM_COMPLETION_TOKENS)
+    if tin is not None or tout is not None:
+        parts.append(f"tokens in {'?' if tin is None else tin} / out {'?' if tout is None else tout}")
+    return parts
 
 
 def render_calls(

@@ -48,8 +48,9 @@ def build_app(config: GatewayConfig, **instrument_options: Any) -> tuple[Gateway
                            "meter_provider": providers.meter_provider,
                            **({"runtimes": runtimes} if runtimes else {})})
     core = current_telemetry()
-    if core is not None:  # its runtime is recognized before the first request ends (vLLM)
-        core.watch(config.upstream)
+    if core is not None:
+        core.relaying()
+        core.watch(config.upstream)  # its runtime is recognized before the first request ends (vLLM)
     key = _upstream_key(config)
     holder: dict[str, Gateway] = {}
     telemetry = GatewayTelemetry(providers.tracer_provider, providers.meter_provider,

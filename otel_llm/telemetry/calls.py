@@ -92,6 +92,7 @@ class Telemetry:
         self.observers = observers
         self.live: dict[int, LlmCall] = {}  # calls not finished yet, by id()
         self._endpoints: dict[tuple[str, str], _Endpoint] = {}
+        self._relayed = False
 
     # -- the capture seam (CallSink) ---------------------------------------------------------
     def route(self, path: str) -> Route | None:
@@ -128,8 +129,10 @@ class Telemetry:
             configured = self._configured_runtime(request.url)
             runtime = configured or route.runtime
             provider = attr_build.provider_name(runtime, request.host, route.api)
-            endpoint = _Endpoint(runtime, configured is not None, (request.host, request.port or 0),
-                                 attr_build.endpoint_attributes(route, request, runtime, provider))
+            attrs = attr_build.endpoint_attributes(route, request, runtime, provider)
+            if self._relayed:
+                attrs[sc.LLM_GATEWAY_RELAYED] = True
+            endpoint = _Endpoint(runtime, configured is not None, (request.host, request.port or 0), attrs)
             if len(self._endpoints) >= _MAX_ENDPOINTS:  # URLs with ever-changing query strings
                 self._endpoints.clear()
             self._endpoints[key] = endpoint
@@ -143,6 +146,14 @@ class Telemetry:
         host, port = endpoint.server
         observers.registry.note(host, port, endpoint.runtime, request.scheme)
         attrs.update(observers.runtime_at_start(host, port))
+
+    def relaying(self) -> None:
+        """Every call from now on relays a request this process received (the gateway): its
+        span and metrics carry ``llm.gateway.relayed``, so a view of the whole fleet can count
+        each call once (the caller's record of it) rather than once per hop."""
+        self._relayed = True
+        self._endpoints.clear()
+        self.metrics.relaying()
 
     def watch(self, url: str) -> None:
         """Tell the observers of a model server before any call to it (the gateway's upstream),

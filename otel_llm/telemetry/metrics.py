@@ -21,11 +21,11 @@ if TYPE_CHECKING:
 # Metric attributes: the GenAI common set (low cardinality; no ids, no URLs).
 _METRIC_KEYS = (
     sc.GEN_AI_OPERATION_NAME, sc.GEN_AI_PROVIDER_NAME, sc.GEN_AI_REQUEST_MODEL,
-    sc.GEN_AI_RESPONSE_MODEL, sc.SERVER_ADDRESS, sc.SERVER_PORT, sc.ERROR_TYPE,
+    sc.GEN_AI_RESPONSE_MODEL, sc.SERVER_ADDRESS, sc.SERVER_PORT, sc.ERROR_TYPE, sc.LLM_GATEWAY_RELAYED,
 )
 # The SDK cleans and hashes every attribute of every measurement, so the per-phase histogram
 # (several records per call) carries only what a phase breakdown is sliced by.
-_PHASE_KEYS = (sc.GEN_AI_PROVIDER_NAME, sc.GEN_AI_REQUEST_MODEL)
+_PHASE_KEYS = (sc.GEN_AI_PROVIDER_NAME, sc.GEN_AI_REQUEST_MODEL, sc.LLM_GATEWAY_RELAYED)
 # The runtime's own latencies and rates (four records per call) are charted by model and runtime;
 # the operation name is the one attribute the GenAI server metrics require beyond those.
 _RUNTIME_KEYS = (sc.GEN_AI_OPERATION_NAME,) + _PHASE_KEYS
@@ -74,6 +74,7 @@ class _Shared:
     def __init__(self, in_flight: InFlight) -> None:
         self.in_flight = in_flight
         self.diagnosed = _Tally()
+        self.relayed: tuple[tuple[str, bool], ...] = ()  # the gateway's own calls: marked
 
 
 _SHARED: weakref.WeakKeyDictionary[Any, _Shared] = weakref.WeakKeyDictionary()
@@ -119,17 +120,18 @@ class CallMetrics:
         except TypeError:  # a meter that cannot be weakly referenced
             shared = None
         if shared is not None:
-            shared.in_flight = in_flight
+            shared.in_flight, shared.relayed = in_flight, ()
             self.diagnosed = shared.diagnosed
+            self._shared = shared
             return
-        shared = _Shared(in_flight)
+        shared = self._shared = _Shared(in_flight)
         self.diagnosed = shared.diagnosed
         try:
             _SHARED[meter] = shared
         except TypeError:
             pass
         meter.create_observable_up_down_counter(
-            sc.METRIC_ACTIVE_REQUESTS, callbacks=[lambda options: _active(shared.in_flight)], unit="{request}",
+            sc.METRIC_ACTIVE_REQUESTS, callbacks=[lambda options: _active(shared)], unit="{request}",
             description="Model calls in flight, by server.",
         )
         meter.create_observable_counter(
@@ -157,6 +159,10 @@ class CallMetrics:
                                  (self.generation_rate, counters.generation_rate)):
             if value is not None:
                 histogram.record(value, attrs, _NO_CONTEXT)
+
+    def relaying(self) -> None:
+        """The in-flight gauge marks its counts as the gateway's relayed calls too."""
+        self._shared.relayed = ((sc.LLM_GATEWAY_RELAYED, True),)
 
     def record(self, span_attrs: dict[str, Any], timings: dict[str, Any], phases: list[tuple[str, float]],
                span_context: SpanContext | None = None, counters: RuntimeCounters | None = None) -> None:
@@ -190,6 +196,7 @@ class CallMetrics:
             self._record_runtime({k: attrs[k] for k in _RUNTIME_KEYS if k in attrs}, counters)
 
 
-def _active(in_flight: InFlight) -> list[Observation]:
-    return [Observation(count, {sc.SERVER_ADDRESS: host, sc.SERVER_PORT: port})
-            for (host, port), count in list(in_flight.by_server.items())]
+def _active(shared: _Shared) -> list[Observation]:
+    extra = shared.relayed
+    return [Observation(count, {sc.SERVER_ADDRESS: host, sc.SERVER_PORT: port, **dict(extra)})
+            for (host, port), count in list(shared.in_flight.by_server.items())]
