@@ -429,6 +429,14 @@ def host_dashboard() -> dict[str, Any]:
          target(f"max by (llm_runtime_name, server_address, server_port) (llm_runtime_requests_waiting{{{RUNTIME}}})",
                 "waiting {{llm_runtime_name}} {{server_address}}:{{server_port}}", "C")],
         "short"))
+    lay.add(timeseries(
+        "Runtime KV cache usage",
+        "llm.runtime.kv_cache.usage: the share of the runtime's KV cache in use (0..1) as it reports it (vLLM "
+        "kv_cache_usage_perc, SGLang token_usage, llama.cpp kv_cache_usage_ratio in builds that still export it). "
+        "Near 1, new requests wait or earlier ones are preempted.",
+        [target(f"max by (llm_runtime_name, server_address, server_port) (llm_runtime_kv_cache_usage{{{RUNTIME}}})",
+                "{{llm_runtime_name}} {{server_address}}:{{server_port}}")],
+        "percentunit"))
 
     lay.row("Host: CPU, memory, paging")
     lay.add(timeseries(

@@ -528,8 +528,9 @@ otel_llm.uninstrument()
 
 def test_dashboard_runtime_panels_show_the_real_vllm(vllm: VllmServer, prometheus_binary: str,  # noqa: F811
                                                      tmp_path: Path) -> None:
-    """The running / waiting panels of both dashboards, as Grafana would query them, return vLLM's
-    own counts (``llm.runtime.name=vllm``) for an application calling it, scraped by Prometheus."""
+    """The running / waiting panels of both dashboards and the KV-cache panel, as Grafana would
+    query them, return vLLM's own figures (``llm.runtime.name=vllm``) for an application calling
+    it, scraped by Prometheus; the KV cache's share is a fraction, above 0 while requests run."""
     import json
     import subprocess
     import sys
@@ -537,9 +538,9 @@ def test_dashboard_runtime_panels_show_the_real_vllm(vllm: VllmServer, prometheu
     from tests.test_dashboards import metric_names, queries, substitute
     from tests.test_prometheus import LOOPBACK, Prometheus, finite_values, free_port, wait_until
 
-    runtime_panels = [q for q in queries() if metric_names(q.expr) & {"llm_runtime_requests_running",
-                                                                       "llm_runtime_requests_waiting"}]
-    assert len(runtime_panels) == 4, [q.key for q in runtime_panels]
+    runtime_panels = [q for q in queries() if metric_names(q.expr) & {
+        "llm_runtime_requests_running", "llm_runtime_requests_waiting", "llm_runtime_kv_cache_usage"}]
+    assert len(runtime_panels) == 5, [q.key for q in runtime_panels]
     port, stop = free_port(), tmp_path / "stop"
     env = clean_env(OTEL_METRICS_EXPORTER="prometheus", OTEL_EXPORTER_PROMETHEUS_HOST=LOOPBACK,
                     OTEL_EXPORTER_PROMETHEUS_PORT=str(port))
@@ -553,8 +554,11 @@ def test_dashboard_runtime_panels_show_the_real_vllm(vllm: VllmServer, prometheu
             prometheus.wait_ready()
             busy = 'max_over_time(llm_runtime_requests_running{llm_runtime_name="vllm"}[1m])'
 
+            used = 'max_over_time(llm_runtime_kv_cache_usage{llm_runtime_name="vllm"}[1m])'
+
             def seen() -> bool:
-                return bool([v for v in finite_values(prometheus.query(busy)) if v >= 1])
+                return (bool([v for v in finite_values(prometheus.query(busy)) if v >= 1])
+                        and bool([v for v in finite_values(prometheus.query(used)) if v > 0]))
 
             assert wait_until(seen, timeout=90, interval=1.0), (tmp_path / "app.log").read_text()[-3000:]
             results = {q.key: prometheus.query(substitute(q.expr)) for q in runtime_panels}
@@ -568,4 +572,6 @@ def test_dashboard_runtime_panels_show_the_real_vllm(vllm: VllmServer, prometheu
     for key, samples in results.items():
         assert finite_values(samples), (key, samples)
         assert {s["metric"].get("llm_runtime_name") for s in samples if "llm_runtime_name" in s["metric"]} <= {"vllm"}
+    (kv_cache,) = [results[q.key] for q in runtime_panels if "llm_runtime_kv_cache_usage" in q.expr]
+    assert all(0 <= v <= 1 for v in finite_values(kv_cache)), kv_cache
     assert "Traceback" not in (tmp_path / "app.log").read_text(errors="replace")
