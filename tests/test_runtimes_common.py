@@ -18,6 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import otel_llm
+
 from otel_llm.parse import response as resp
 from otel_llm.parse.response import ResponseInfo, parse_body, parse_events
 from otel_llm.parse.runtimes import KNOWN_RUNTIMES, SOURCES, RuntimeCounters, runtime_counters
@@ -354,3 +356,48 @@ def test_each_runtime_module_declares_what_the_observers_know() -> None:
         for module in observed.python_modules:
             assert processes.runtime_for_name("python3", ["python3", "-m", f"{module}.server"]) == name
     assert processes.runtime_for_name("VLLM::EngineCore") == "vllm"
+
+
+# --- each runtime's knowledge lives in its module ------------------------------------------------
+_OWNED = {  # a wire name only one runtime uses -> the module that owns it
+    "x-compute-type": "tgi", "x-queue-time": "tgi",
+    "default_generation_settings": "llamacpp", "/props": "llamacpp", "predicted_per_second": "llamacpp",
+    "stopped_eos": "llamacpp", "owned_by": "vllm", "vllm:num_requests_running": "vllm",
+    "prompt_eval_count": "ollama", "done_reason": "ollama", "/api/version": "ollama",
+    "Ollama is running": "ollama", "meta_info": "sglang", "model_instance_id": "lmstudio",
+    "time_to_first_token_seconds": "lmstudio",
+}
+
+# diagnose's cold trials drive Ollama's own unload lifecycle (a request otel_llm sends, not an answer
+# it reads): the one place outside the runtime's module that has to know its answer
+_CONTROL = {("diagnose/cold.py", "done_reason")}
+
+
+def _code_strings(path: Path) -> set[str]:
+    """The string constants of a module's code (docstrings left out: prose may name anything)."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)
+                  and isinstance(node.body[0].value, ast.Constant)}
+    return {node.value for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings}
+
+
+def test_each_runtimes_wire_names_are_written_in_its_module_only() -> None:
+    """Reading a runtime's answers, normalizing its counters, recognizing and probing it: the names
+    its wire format uses appear in its own module, nowhere else in the library (the simulator,
+    which imitates the runtimes, aside)."""
+    root = Path(otel_llm.__file__).parent
+    owners = {name: root / "parse" / "runtimes" / f"{module}.py" for name, module in _OWNED.items()}
+    for name, owner in owners.items():
+        assert any(name in s for s in _code_strings(owner)), (name, owner.name)
+    for path in root.rglob("*.py"):
+        if "sim" in path.relative_to(root).parts:
+            continue
+        strings = _code_strings(path)
+        for name, owner in owners.items():
+            if path != owner and (path.relative_to(root).as_posix(), name) not in _CONTROL:
+                assert not any(name in s for s in strings), f"{name!r} written in {path.relative_to(root)}"

@@ -23,12 +23,14 @@ from typing import Any
 
 import httpx
 
+from otel_llm.parse.runtimes import ADMIN_PATHS
+
 from .trials import request_for
 from .verdicts import Verdict
 
 __all__ = ["AuthCheck", "AuthCheckResult", "auth_check", "auth_findings", "auth_verdicts"]
 
-ADMIN_ROUTES = {"openai": ("/metrics",), "ollama": ("/api/tags",), "llamacpp": ("/props",)}
+ADMIN_ROUTES = {api: (path,) for api, path in ADMIN_PATHS.items()}
 REJECTED = (401, 403)
 LIMITED = (429, 503)
 BURST = 8

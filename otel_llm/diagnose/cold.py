@@ -35,11 +35,13 @@ from typing import Any
 
 import httpx
 
+from otel_llm.parse.runtimes import READY_PATHS
+
 from .trials import Trial, TrialRunner
 
 __all__ = ["ColdControl", "ResetOutcome", "cold_trials", "cold_verdict_evidence", "model_loaded", "reset"]
 
-PROBE_ROUTES = {"ollama": "/api/version", "llamacpp": "/health", "openai": "/v1/models"}
+PROBE_ROUTES = READY_PATHS
 
 
 @dataclass(frozen=True)

@@ -1,18 +1,18 @@
 """Which request flavour (``--api``) and runtime a target speaks, from side-effect-free GET routes.
 
-Probes, in order, never generating tokens and never loading a model:
+Each runtime's module proves itself (``probe`` in ``otel_llm.parse.runtimes``); they run in the
+order of ``PROBES`` and the first proof wins, never generating tokens and never loading a model:
 
-1. ``GET /props`` answering JSON with ``default_generation_settings`` -> llama.cpp's server
-   (api ``"llamacpp"``, runtime ``"llama.cpp"``). Checked first: it is specific to llama.cpp.
-2. ``GET /api/version`` answering JSON with ``"version"``, or ``GET /`` answering
-   "Ollama is running" -> Ollama (api ``"ollama"``, runtime ``"ollama"``). Checked before
-   ``/v1/models`` because Ollama also serves the OpenAI-compatible routes.
-3. ``GET /v1/models`` answering JSON with a ``"data"`` list -> OpenAI-compatible (api ``"openai"``).
-   The runtime is named only when proven: ``"vllm"`` when ``GET /version`` answers JSON with
-   ``"version"`` and a listed model is ``"owned_by": "vllm"``; otherwise ``None``.
+1. llama.cpp: ``GET /props`` with ``default_generation_settings`` (api ``"llamacpp"``).
+2. Ollama: ``GET /api/version`` with a version, or ``GET /`` answering "Ollama is running" (api
+   ``"ollama"``); before ``/v1/models``, because Ollama serves the OpenAI-compatible routes too.
+3. vLLM: a model of ``GET /v1/models`` ``"owned_by": "vllm"`` and ``GET /version`` with a version
+   (api ``"openai"``).
+4. any other OpenAI-compatible server: ``GET /v1/models`` with a ``"data"`` list (api
+   ``"openai"``, runtime ``None``: not proven).
 
-Anything else (refused connection, timeouts, 404s, HTML) -> ``None``. HTTP instrumentation is
-suppressed while probing, so probes leave no spans.
+Each route is fetched once. Anything else (refused connection, timeouts, 404s, HTML) -> ``None``.
+HTTP instrumentation is suppressed while probing, so probes leave no spans.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+
+from otel_llm.parse.runtimes import PROBES
 
 __all__ = ["Detection", "detect", "detect_api", "runtime_hint", "server_root"]
 
@@ -46,6 +48,7 @@ class _Prober:
         self.base = server_root(base_url)
         self.client = httpx.Client(timeout=httpx.Timeout(timeout), headers=dict(headers or {}), trust_env=False)
         self.unreachable = False
+        self.answers: dict[str, tuple[int, Any, str] | None] = {}
 
     def get(self, path: str) -> tuple[int, Any, str] | None:
         """(status, parsed JSON or _NO_ANSWER, text); None when there was no HTTP answer."""
@@ -64,11 +67,21 @@ class _Prober:
             body = _NO_ANSWER
         return response.status_code, body, response.text
 
-    def json_ok(self, path: str) -> Any:
-        answer = self.get(path)
+    def json(self, path: str) -> Any:
+        """The JSON body of a 200 answer (the ``Routes`` a runtime's probe reads), else None."""
+        answer = self._answer(path)
         if answer is None or answer[0] != 200 or answer[1] is _NO_ANSWER:
             return None
         return answer[1]
+
+    def text(self, path: str) -> str | None:
+        answer = self._answer(path)
+        return answer[2] if answer is not None and answer[0] == 200 else None
+
+    def _answer(self, path: str) -> tuple[int, Any, str] | None:
+        if path not in self.answers:
+            self.answers[path] = self.get(path)
+        return self.answers[path]
 
 
 def _suppressed() -> Any:
@@ -93,26 +106,12 @@ def detect(base_url: str, headers: Mapping[str, str] | None = None, timeout: flo
 
 
 def _detect(p: _Prober) -> Detection:
-    props = p.json_ok("/props")
-    if isinstance(props, dict) and isinstance(props.get("default_generation_settings"), dict):
-        build = props.get("build_info")
-        return Detection("llamacpp", "llama.cpp", str(build) if build else None)
-    if p.unreachable:
-        return Detection()
-    version = p.json_ok("/api/version")
-    if isinstance(version, dict) and version.get("version"):
-        return Detection("ollama", "ollama", str(version["version"]))
-    root = p.get("/")
-    if root is not None and root[0] == 200 and root[2].strip().startswith("Ollama is running"):
-        return Detection("ollama", "ollama", None)
-    models = p.json_ok("/v1/models")
-    if isinstance(models, dict) and isinstance(models.get("data"), list):
-        owners = {m.get("owned_by") for m in models["data"] if isinstance(m, dict)}
-        if "vllm" in owners:
-            vllm = p.json_ok("/version")
-            if isinstance(vllm, dict) and vllm.get("version"):
-                return Detection("openai", "vllm", str(vllm["version"]))
-        return Detection("openai", None, None)
+    for probe in PROBES:
+        proof = probe(p)
+        if proof is not None:
+            return Detection(proof.api, proof.runtime, proof.version)
+        if p.unreachable:
+            break
     return Detection()
 
 

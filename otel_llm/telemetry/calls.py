@@ -201,7 +201,7 @@ class Telemetry:
             # vLLM leaves no trace in its responses: a configured, route-implied or recognized
             # runtime (the observers', from its process or its /metrics) stands in
             response.runtime = response.runtime or state.endpoint.runtime or self._recognized(state)
-            if response.runtime or response.native or _TGI_HINT in call.response_headers:
+            if response.runtime or response.native:  # TGI's headers are in native too
                 counters = runtime_counters(response, call.response_headers)
         synthesized = self._runtime_evidence(call, state, counters, phases, first_token, attrs)
         if self.observers is not None:
@@ -287,7 +287,6 @@ class Telemetry:
         attr_build.response_attributes(response, attrs, self.settings.capture_content)
 
 
-_TGI_HINT = "x-compute-type"  # sent by TGI on every answer, streamed or not
 _SYNTHESIZED = {sc.LLM_SYNTHESIZED: True}
 _SYNTHESIZED_NAMES = frozenset({sc.SPAN_RUNTIME_QUEUE, sc.SPAN_RUNTIME_LOAD, sc.SPAN_RUNTIME_PREFILL,
                                 sc.SPAN_RUNTIME_DECODE})

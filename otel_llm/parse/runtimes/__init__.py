@@ -1,6 +1,12 @@
 """Runtime adapters: each runtime's own counters (timings, token counts, finish reasons)
 normalized to seconds, tokens and tokens/s.
 
+Each runtime's module owns what is known about it: how its answers are read into
+``ResponseInfo`` (``RESPONSE_KEYS`` / ``merge_object``, TGI's ``merge_headers``, used by
+``parse.response``), how its counters are normalized (``read``), how the observers recognize
+its processes and poll its state (``OBSERVED``), and how ``diagnose`` proves it (``probe``,
+where a route does).
+
 ``runtime_counters(info, headers)`` picks the adapter from what ``info.native``,
 ``info.runtime`` and the response headers prove, then fills token counts the runtime did not
 report from the usage block. It never raises.
@@ -8,14 +14,19 @@ report from the usage block. It never raises.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import ModuleType
 
-from otel_llm.parse.response import ResponseInfo
+from otel_llm.parse._merge import Merge, ResponseInfo
 from otel_llm.parse.runtimes import llamacpp, lmstudio, ollama, openai_compat, sglang, tgi, vllm
-from otel_llm.parse.runtimes._common import Observed, RuntimeCounters, derive, log, native_of
+from otel_llm.parse.runtimes._common import (
+    Observed, Proof, Routes, RuntimeCounters, derive, log, native_of,
+)
 
-__all__ = ["KNOWN_RUNTIMES", "OBSERVED", "SOURCES", "Observed", "RuntimeCounters", "runtime_counters"]
+__all__ = [
+    "ADMIN_PATHS", "READY_PATHS", "HEADER_READERS", "KNOWN_RUNTIMES", "OBSERVED", "PROBES", "Proof", "RESPONSE_READERS", "Routes",
+    "SOURCES", "Observed", "RuntimeCounters", "runtime_counters",
+]
 
 _ADAPTERS: tuple[ModuleType, ...] = (ollama, llamacpp, vllm, tgi, sglang, lmstudio)
 # Checked in this order; the first native key found decides.
@@ -24,6 +35,22 @@ _BY_NATIVE: tuple[ModuleType, ...] = (ollama, llamacpp, sglang, lmstudio, tgi)
 KNOWN_RUNTIMES: tuple[str, ...] = tuple(a.NAME for a in _ADAPTERS)
 # runtime name -> what the observers know about it (each runtime's module declares it)
 OBSERVED: dict[str, Observed] = {a.NAME: a.OBSERVED for a in _ADAPTERS}
+# (keys, reader): parse.response hands each JSON object holding one of the keys to the reader, in
+# this order; a reader returning True has claimed the object and the later ones skip it (SGLang's
+# answers are not TGI's)
+RESPONSE_READERS: tuple[tuple[tuple[str, ...], Callable[[Merge, dict], bool | None]], ...] = tuple(
+    (a.RESPONSE_KEYS, a.merge_object) for a in (ollama, llamacpp, lmstudio, sglang, tgi)
+)
+# diagnose's detection, first proof wins: llama.cpp's /props first (specific to it), Ollama
+# before /v1/models (it serves the OpenAI-compatible routes too), vLLM before any other
+# OpenAI-compatible server
+PROBES: tuple[Callable[[Routes], Proof | None], ...] = (
+    llamacpp.probe, ollama.probe, vllm.probe, openai_compat.probe,
+)
+# diagnose's routes by request flavour (``--api``): ready once the server is up, admin to be refused
+READY_PATHS: dict[str, str] = {a.API: a.READY_PATH for a in (llamacpp, ollama, openai_compat)}
+ADMIN_PATHS: dict[str, str] = {a.API: a.ADMIN_PATH for a in (llamacpp, ollama, openai_compat)}
+HEADER_READERS: tuple[Callable[[Merge, Mapping[str, str]], None], ...] = (tgi.merge_headers,)
 SOURCES: dict[str, str] = {
     **{a.NAME: a.SOURCE for a in _ADAPTERS},
     openai_compat.SOURCE_KEY: openai_compat.SOURCE,

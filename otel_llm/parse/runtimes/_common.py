@@ -10,7 +10,7 @@ import logging
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 Reader = Callable[[str, object], Any]
 Field = tuple[str, str, Reader]  # (RuntimeCounters attribute, source key, reader)
@@ -51,6 +51,24 @@ class Observed(NamedTuple):
     state_paths: tuple[str, ...] = ()  # side-effect-free routes polled for its state
     metric_prefix: str | None = None  # its Prometheus series' names start with this
     normalized: Mapping[str, tuple[str, ...]] = {}  # state key -> its series (first present wins)
+
+
+class Proof(NamedTuple):
+    """What a side-effect-free route proved about a server (``diagnose``'s detection)."""
+
+    api: str  # the request flavour it speaks: "llamacpp" | "ollama" | "openai"
+    runtime: str | None  # the runtime's name, None when only the flavour is proven
+    version: str | None = None
+
+
+class Routes(Protocol):
+    """GET access to a server's routes for a probe; each path is fetched once."""
+
+    def json(self, path: str) -> Any:
+        """The JSON body of a 200 answer to ``GET path``; None for anything else."""
+
+    def text(self, path: str) -> str | None:
+        """The text of a 200 answer to ``GET path``; None for anything else."""
 
 
 @dataclass(slots=True)

@@ -9,18 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from otel_llm.parse import response
-from otel_llm.parse.response import NATIVE_LLAMACPP_TIMINGS, ResponseInfo
+from otel_llm.parse import _merge as m
+from otel_llm.parse._merge import ResponseInfo
 from otel_llm.parse.runtimes._common import (
-    Field, Observed, RuntimeCounters, STATE_KV_CACHE_USAGE, STATE_REQUESTS_RUNNING,
+    Field, Observed, Proof, Routes, RuntimeCounters, STATE_KV_CACHE_USAGE, STATE_REQUESTS_RUNNING,
     STATE_REQUESTS_WAITING, as_dict, fill, flag, get, map_reasons, ms, native_of, rate, reasons_of,
     tokens,
 )
 
-# /completion `truncated` (bool); response.py must store it under this key.
-NATIVE_TRUNCATED: str = response.NATIVE_LLAMACPP_TRUNCATED
-
 NAME = "llama.cpp"
+NATIVE_LLAMACPP_TIMINGS = "llamacpp.timings"  # ResponseInfo.native keys: `timings`
+NATIVE_TRUNCATED = "llamacpp.truncated"  # and /completion's `truncated` (bool)
+RESPONSE_KEYS = ("stop", "timings")  # a JSON object with one of these is read by merge_object
 NATIVE_KEYS = (NATIVE_LLAMACPP_TIMINGS, NATIVE_TRUNCATED)
 SOURCE = (
     "`timings` of the last event: prompt_n, cache_n, prompt_ms, prompt_per_second, "
@@ -35,6 +35,11 @@ OBSERVED = Observed(
                 STATE_KV_CACHE_USAGE: ("llamacpp:kv_cache_usage_ratio",)},
 )
 REASONS = {"eos": "stop", "word": "stop", "limit": "length"}
+# for diagnose, by the request flavour its own API is: the route that answers once it is up, and
+# an admin route an authenticating gateway should refuse
+API = "llamacpp"
+READY_PATH = "/health"
+ADMIN_PATH = "/props"
 
 _TIMINGS: tuple[Field, ...] = (
     ("prompt_tokens", "prompt_n", tokens),
@@ -58,3 +63,46 @@ def read(info: ResponseInfo, headers: Mapping[str, str] | None = None) -> Runtim
     c.truncated = flag("llamacpp.truncated", get(native, NATIVE_TRUNCATED))
     c.finish_reasons = map_reasons(reasons_of(info), REASONS)
     return c
+
+
+# --- reading its answers (parse.response) ---------------------------------------------------
+_STOP_FLAGS = (("stopped_eos", "eos"), ("stopped_word", "word"), ("stopped_limit", "limit"))
+
+
+def merge_object(acc: m.Merge, o: dict) -> None:
+    """``timings`` (any API) and /completion's stop, truncated and token fields."""
+    timings = o.get("timings")
+    if isinstance(timings, dict):
+        acc.info.native[NATIVE_LLAMACPP_TIMINGS] = m.clean(timings)
+        acc.info.runtime = NAME
+        prompt_n, cache_n = m.count(timings.get("prompt_n")), m.count(timings.get("cache_n"))
+        if prompt_n is not None:
+            acc.fb_input = m.count(prompt_n + (cache_n or 0))  # the sum may leave int64
+        acc.fb_output = m.keep(m.count(timings.get("predicted_n")), acc.fb_output)
+        acc.fb_cached = m.keep(cache_n, acc.fb_cached)
+    if not isinstance(o.get("stop"), bool):
+        return
+    if isinstance(o.get("truncated"), bool):
+        acc.info.native[NATIVE_TRUNCATED] = o["truncated"]
+    acc.last("input_tokens", m.count(o.get("tokens_evaluated")))
+    acc.last("output_tokens", m.count(o.get("tokens_predicted")))
+    if o["stop"]:
+        acc.reason = m.text(o.get("stop_type")) or _stop_flags(o) or acc.reason
+
+
+def _stop_flags(o: dict) -> str | None:
+    """Older llama.cpp builds: stopped_eos / stopped_word / stopped_limit booleans."""
+    for key, reason in _STOP_FLAGS:
+        if o.get(key) is True:
+            return reason
+    return None
+
+
+# --- proving it (diagnose) ------------------------------------------------------------------
+def probe(routes: Routes) -> Proof | None:
+    """``GET /props`` with ``default_generation_settings``: specific to llama.cpp's server."""
+    props = routes.json("/props")
+    if isinstance(props, dict) and isinstance(props.get("default_generation_settings"), dict):
+        build = props.get("build_info")
+        return Proof("llamacpp", NAME, str(build) if build else None)
+    return None

@@ -7,20 +7,28 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from otel_llm.parse.response import NATIVE_OLLAMA, ResponseInfo
+from otel_llm.parse import _merge as m
+from otel_llm.parse._merge import ResponseInfo
 from otel_llm.parse.runtimes._common import (
-    Field, Observed, RuntimeCounters, as_dict, fill, map_reasons, native_of, ns, reasons_of,
+    Field, Observed, Proof, Routes, RuntimeCounters, as_dict, fill, map_reasons, native_of, ns, reasons_of,
     tokens,
 )
 
 NAME = "ollama"
+NATIVE_OLLAMA = "ollama"  # ResponseInfo.native key of the done:true counters
 NATIVE_KEYS = (NATIVE_OLLAMA,)
+RESPONSE_KEYS = ("done",)  # a JSON object with one of these is read by merge_object
 SOURCE = (
     "final `done:true` object: total_duration, load_duration, prompt_eval_duration, "
     "eval_duration (ns -> s), prompt_eval_count, eval_count, done_reason"
 )
 OBSERVED = Observed(executables=("ollama",),  # "ollama serve" and its "ollama runner" children
                     state_paths=("/api/ps",))
+# for diagnose, by the request flavour its own API is: the route that answers once it is up, and
+# an admin route an authenticating gateway should refuse
+API = "ollama"
+READY_PATH = "/api/version"
+ADMIN_PATH = "/api/tags"
 REASONS: dict[str, str] = {}  # done_reason is already stop/length; load/unload kept as-is
 
 _FIELDS: tuple[Field, ...] = (
@@ -39,3 +47,36 @@ def read(info: ResponseInfo, headers: Mapping[str, str] | None = None) -> Runtim
     fill(c, as_dict(native_of(info).get(NATIVE_OLLAMA)), _FIELDS, "ollama")
     c.finish_reasons = map_reasons(reasons_of(info), REASONS)
     return c
+
+
+# --- reading its answers (parse.response) ---------------------------------------------------
+_COUNTERS = (
+    "total_duration", "load_duration", "prompt_eval_count", "prompt_eval_duration",
+    "eval_count", "eval_duration",
+)
+
+
+def merge_object(acc: m.Merge, o: dict) -> None:
+    """The final ``done:true`` object: reason, token counts, the counters kept as they came."""
+    if o.get("done") is not True:
+        return
+    acc.reason = m.text(o.get("done_reason")) or acc.reason
+    counters = {k: o[k] for k in _COUNTERS if m.count(o.get(k)) is not None}
+    acc.last("input_tokens", m.count(o.get("prompt_eval_count")))
+    acc.last("output_tokens", m.count(o.get("eval_count")))
+    if counters:
+        acc.info.native[NATIVE_OLLAMA] = counters
+    if counters or "created_at" in o:
+        acc.info.runtime = NAME
+
+
+# --- proving it (diagnose) ------------------------------------------------------------------
+def probe(routes: Routes) -> Proof | None:
+    """``GET /api/version`` with a version, or ``GET /`` answering "Ollama is running"."""
+    version = routes.json("/api/version")
+    if isinstance(version, dict) and version.get("version"):
+        return Proof("ollama", NAME, str(version["version"]))
+    root = routes.text("/")
+    if root is not None and root.strip().startswith("Ollama is running"):
+        return Proof("ollama", NAME)
+    return None

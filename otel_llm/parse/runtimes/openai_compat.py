@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from otel_llm.parse.response import ResponseInfo
+from otel_llm.parse._merge import ResponseInfo
 from otel_llm.parse.runtimes._common import (
-    MISSING, RuntimeCounters, evaluated, map_reasons, reasons_of, tokens,
+    MISSING, Proof, Routes, RuntimeCounters, evaluated, map_reasons, reasons_of, tokens,
 )
 
 NAME = None  # proves no runtime
@@ -16,6 +16,11 @@ SOURCE = (
     "any other server (Ollama /v1, Anthropic /v1/messages, ...): `usage` prompt, completion "
     "and cached tokens (evaluated prompt = prompt - cached) and finish reasons only"
 )
+# for diagnose, by the request flavour: the route that answers once it is up, and an admin route
+# an authenticating gateway should refuse
+API = "openai"
+READY_PATH = "/v1/models"
+ADMIN_PATH = "/metrics"
 REASONS: dict[str, str] = {}  # Anthropic / Responses values live in COMMON_REASONS
 
 
@@ -38,3 +43,12 @@ def merge_usage(c: RuntimeCounters, info: ResponseInfo) -> None:
 def _field(info: object, name: str) -> object:
     value = getattr(info, name, None)
     return MISSING if value is None else value
+
+
+# --- proving the flavour (diagnose) ---------------------------------------------------------
+def probe(routes: Routes) -> Proof | None:
+    """``GET /v1/models`` answering a ``data`` list: an OpenAI-compatible server, runtime unknown."""
+    models = routes.json("/v1/models")
+    if isinstance(models, dict) and isinstance(models.get("data"), list):
+        return Proof("openai", None)
+    return None

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from otel_llm.parse.response import NATIVE_SGLANG_META, ResponseInfo
+from otel_llm.parse import _merge as m
+from otel_llm.parse._merge import ResponseInfo
 from otel_llm.parse.runtimes._common import (
     Field, Observed, RuntimeCounters, STATE_KV_CACHE_USAGE, STATE_REQUESTS_RUNNING,
     STATE_REQUESTS_WAITING, as_dict, evaluated, fill, get, map_reasons, native_of, reasons_of,
@@ -15,7 +16,9 @@ from otel_llm.parse.runtimes._common import (
 )
 
 NAME = "sglang"
+NATIVE_SGLANG_META = "sglang.meta_info"  # ResponseInfo.native key
 NATIVE_KEYS = (NATIVE_SGLANG_META,)
+RESPONSE_KEYS = ("meta_info",)  # a JSON object with one of these is read by merge_object
 SOURCE = (
     "`meta_info` of the finished event: prompt_tokens, cached_tokens, completion_tokens, "
     "e2e_latency and queue_time (s), finish_reason.type"
@@ -51,3 +54,27 @@ def read(info: ResponseInfo, headers: Mapping[str, str] | None = None) -> Runtim
 def _reason(meta: dict) -> object:
     fr = meta.get("finish_reason")
     return as_dict(fr).get("type") if isinstance(fr, dict) else fr
+
+
+# --- reading its answers (parse.response) ---------------------------------------------------
+def merge_object(acc: m.Merge, o: dict) -> bool:
+    """``meta_info``: id, finish reason (an abort's message is the error), token counts. An object
+    with it is SGLang's whatever else it holds (``details``, ``text``): True, read no further."""
+    meta = m.as_dict(o.get("meta_info"))
+    if not meta:
+        return True
+    acc.info.native[NATIVE_SGLANG_META] = m.clean(meta)
+    acc.info.runtime = NAME
+    acc.info.response_id = acc.info.response_id or m.text(meta.get("id"))
+    fr = meta.get("finish_reason")
+    if isinstance(fr, dict):
+        acc.reason = m.text(fr.get("type")) or acc.reason
+        if fr.get("type") == "abort":
+            acc.info.error = m.truncate(m.text(fr.get("message"))) or acc.info.error
+    elif isinstance(fr, str) and fr:
+        acc.reason = fr
+    acc.last("input_tokens", m.count(meta.get("prompt_tokens")))
+    acc.last("output_tokens", m.count(meta.get("completion_tokens")))
+    acc.last("cached_input_tokens", m.count(meta.get("cached_tokens")))
+    acc.last("reasoning_output_tokens", m.count(meta.get("reasoning_tokens")))
+    return True

@@ -8,14 +8,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from otel_llm.parse.response import NATIVE_TGI_DETAILS, NATIVE_TGI_HEADERS, ResponseInfo
+from otel_llm.parse import _merge as m
+from otel_llm.parse._merge import ResponseInfo
 from otel_llm.parse.runtimes._common import (
     Field, Observed, RuntimeCounters, STATE_REQUESTS_RUNNING, STATE_REQUESTS_WAITING, as_dict,
     fill, map_reasons, ms, native_of, reasons_of, seconds, tokens,
 )
 
 NAME = "tgi"
+NATIVE_TGI_HEADERS = "tgi.headers"  # ResponseInfo.native keys: its x-* headers
+NATIVE_TGI_DETAILS = "tgi.details"  # and `details`
 NATIVE_KEYS = (NATIVE_TGI_DETAILS, NATIVE_TGI_HEADERS)
+RESPONSE_KEYS = ("details", "generated_text")  # a JSON object with one of these is read by merge_object
 SOURCE = (
     "non-streamed response headers x-total-time, x-validation-time, x-queue-time, "
     "x-inference-time, x-time-per-token (ms -> s), x-compute-time (s, fallback total), "
@@ -87,3 +91,34 @@ def _safe_headers(headers: Mapping[str, str] | None) -> dict[str, object]:
         return tgi_headers(headers)
     except Exception:  # noqa: BLE001 - odd header containers
         return {}
+
+
+# --- reading its answers (parse.response) ---------------------------------------------------
+# sent on every answer, streamed or not; the token counts are what the fallbacks use
+_SENTINELS = ("x-compute-type", "x-total-time", "x-generated-tokens", "x-prompt-tokens")
+
+
+def merge_object(acc: m.Merge, o: dict) -> None:
+    """``details`` (kept; reason and counts), or the bare text / token objects of its own API."""
+    details = o.get("details")
+    if isinstance(details, dict):
+        acc.info.native[NATIVE_TGI_DETAILS] = m.clean(details)
+        acc.reason = m.text(details.get("finish_reason")) or acc.reason
+        acc.last("output_tokens", m.count(details.get("generated_tokens")))
+        acc.last("input_tokens", m.count(details.get("input_length")))
+        acc.info.runtime = NAME
+    elif isinstance(o.get("generated_text"), str) or "token" in o:
+        acc.info.runtime = NAME
+
+
+def merge_headers(acc: m.Merge, headers: Mapping[str, str]) -> None:
+    """The x-* headers, kept as strings; their token counts are fallbacks for the body's."""
+    if all(m.header(headers, name) is None for name in _SENTINELS):
+        return  # the common case, not TGI: four lookups instead of the whole table
+    found = {name: str(v) for name in HEADER_NAMES if (v := m.header(headers, name)) is not None}
+    if not found:
+        return
+    acc.info.native[NATIVE_TGI_HEADERS] = found
+    acc.info.runtime = NAME
+    acc.fb_input = m.int_str(found.get("x-prompt-tokens"))
+    acc.fb_output = m.int_str(found.get("x-generated-tokens"))

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from otel_llm.parse.response import ResponseInfo
+from otel_llm.parse._merge import ResponseInfo
 from otel_llm.parse.runtimes._common import (
-    Observed, RuntimeCounters, STATE_KV_CACHE_USAGE, STATE_REQUESTS_RUNNING,
+    Observed, Proof, Routes, RuntimeCounters, STATE_KV_CACHE_USAGE, STATE_REQUESTS_RUNNING,
     STATE_REQUESTS_WAITING, map_reasons, reasons_of,
 )
 
@@ -35,3 +35,18 @@ REASONS: dict[str, str] = {}  # already OpenAI-style; "abort" kept as-is
 def read(info: ResponseInfo, headers: Mapping[str, str] | None = None) -> RuntimeCounters:
     """Finish reasons only; usage is merged by the caller."""
     return RuntimeCounters(runtime=NAME, finish_reasons=map_reasons(reasons_of(info), REASONS))
+
+
+# --- proving it (diagnose) ------------------------------------------------------------------
+def probe(routes: Routes) -> Proof | None:
+    """A model of ``GET /v1/models`` ``"owned_by": "vllm"`` and ``GET /version`` with a version:
+    other OpenAI-compatible servers may copy the first, not both."""
+    models = routes.json("/v1/models")
+    if not isinstance(models, dict) or not isinstance(models.get("data"), list):
+        return None
+    if "vllm" not in {m.get("owned_by") for m in models["data"] if isinstance(m, dict)}:
+        return None
+    version = routes.json("/version")
+    if isinstance(version, dict) and version.get("version"):
+        return Proof("openai", NAME, str(version["version"]))
+    return None
