@@ -38,7 +38,8 @@ Per-request overrides: any ``SimConfig`` field as header ``x-sim-<field-with-das
 ``x-sim-headers-delay``, ``x-sim-first-token-delay``, ``x-sim-token-interval``, ``x-sim-tokens``,
 ``x-sim-cold-delay``, ``x-sim-role-frame``, ``x-sim-keepalive-interval``, ``x-sim-concurrency``,
 ``x-sim-buffering``, ``x-sim-buffer-flush-interval``, ``x-sim-buffer-flush-frames``,
-``x-sim-abort-after-tokens``, ``x-sim-error-status``, ``x-sim-runtime``, ``x-sim-model``,
+``x-sim-abort-after-tokens``, ``x-sim-error-status``, ``x-sim-fault-every`` (the error or abort hits
+only every Nth generation request), ``x-sim-runtime``, ``x-sim-model``,
 ``x-sim-cached-tokens``. "off"/"none" clears an optional field.
 
 Control: GET/POST ``/sim/config`` (JSON merge), POST ``/sim/reset`` (start config, cold, zero stats),

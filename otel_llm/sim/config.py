@@ -28,6 +28,7 @@ FIELD_HELP = {
     "buffer_flush_frames": "with buffering: release held frames every N frames; 0 = off",
     "abort_after_tokens": "close the connection after N token frames; off = never",
     "error_status": "answer every generation with this HTTP status and the runtime's error JSON; off = never",
+    "fault_every": "error_status and abort_after_tokens hit only every Nth generation request (1 = each one)",
     "runtime": "flavour of the OpenAI-compatible routes and of /generate: " + ", ".join(RUNTIMES),
     "model": "model name listed and used when a request names none",
     "cached_tokens": "prompt tokens reported as served from the prefix cache",
@@ -57,6 +58,7 @@ class SimConfig:
     buffer_flush_frames: int = 0
     abort_after_tokens: int | None = None
     error_status: int | None = None
+    fault_every: int = 1
     runtime: str = "vllm"
     model: str = "sim-model"
     cached_tokens: int = 0

@@ -56,6 +56,7 @@ class SimState:
         self.loaded = False
         self.stats = Stats()
         self.seq = 0
+        self.requests_seen = 0  # generation requests since start or reset (fault_every counts them)
         self._load_lock = asyncio.Lock()
         self._slot_lock = asyncio.Lock()
 
@@ -63,6 +64,7 @@ class SimState:
         self.config = self.initial
         self.loaded = False
         self.stats = Stats()
+        self.requests_seen = 0
 
     def unload(self) -> None:
         if self.loaded:
@@ -114,7 +116,9 @@ class SimState:
 async def generate(state: SimState, responder: Responder, wire: Wire) -> None:
     """Answer one generation request following the injected timings."""
     cfg, tl = wire.cfg, wire.tl
-    if cfg.error_status:
+    state.requests_seen += 1
+    faulty = state.requests_seen % max(1, cfg.fault_every) == 0
+    if cfg.error_status and faulty:
         await _sleep_until(tl.arrival + cfg.headers_delay)
         state.stats.errors += 1
         await responder.send_json(cfg.error_status, wire.error_body(cfg.error_status))
@@ -124,12 +128,12 @@ async def generate(state: SimState, responder: Responder, wire: Wire) -> None:
         async with state.slot(cfg, tl):
             tl.start = _now()
             sink = _StreamSink(responder, wire) if wire.stream else _UnarySink(responder, wire)
-            if not await _drive(cfg, tl, sink):
+            if not await _drive(cfg, tl, sink, cfg.abort_after_tokens if faulty else None):
                 state.stats.aborted += 1
 
 
-async def _drive(cfg: SimConfig, tl: Timeline, sink: _StreamSink | _UnarySink) -> bool:
-    """Run the timeline; False when the response was aborted on purpose."""
+async def _drive(cfg: SimConfig, tl: Timeline, sink: _StreamSink | _UnarySink, limit: int | None) -> bool:
+    """Run the timeline; False when the response was aborted on purpose (after ``limit`` tokens)."""
     # Every deadline derives from the plan, not from when the previous step really ran,
     # so one late wake-up never shifts the events after it.
     headers_at = tl.start + cfg.headers_delay
@@ -138,7 +142,6 @@ async def _drive(cfg: SimConfig, tl: Timeline, sink: _StreamSink | _UnarySink) -
     tl.headers = _now()
     await sink.open()
     await sink.keepalive_until(first_at)
-    limit = cfg.abort_after_tokens
     if limit == 0 or tl.tokens == 0:
         await _sleep_until(first_at)
         tl.first = tl.last = _now()
