@@ -126,6 +126,8 @@ COMMANDS: tuple[Command, ...] = (
     Command("view", "show recorded model calls as terminal waterfalls", _configure_view),
     module_command("sim", "run a simulated model server", "otel_llm.sim.cli"),
     module_command("diagnose", "find where a slow model call spends its time", "otel_llm.diagnose.cli"),
+    module_command("bench", "measure a model server's capacity under load (vllm bench serve's definitions)",
+                   "otel_llm.bench.cli"),
     module_command("gateway", "authenticating gateway in front of a model server, traced end to end",
                    "otel_llm.gateway.cli"),
 )

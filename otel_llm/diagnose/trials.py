@@ -11,12 +11,15 @@ from typing import Any
 
 import httpx
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+
+from otel_llm.bench import workload
+from otel_llm.bench.load import Level, RequestRecord, RequestSpan, run_level
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
 __all__ = ["APIS", "TargetResult", "Trial", "TrialRunner", "request_for", "sweep_prompt"]
 
-APIS = ("openai", "ollama", "llamacpp")
+APIS = workload.APIS
 PROMPT = "Count from one to ten, separated by spaces."
 TRIAL_SPAN = "otel_llm.diagnose.trial"
 
@@ -94,23 +97,8 @@ def sweep_prompt(sentences: int, nonce: str) -> str:
 
 def request_for(api: str, base_url: str, model: str, max_tokens: int,
                 prompt: str = PROMPT) -> tuple[str, dict[str, Any]]:
-    """The generation URL and streaming JSON payload of ``api``."""
-    base = base_url.rstrip("/")
-    if api == "openai":
-        if base.endswith("/v1"):
-            base = base[: -len("/v1")]
-        return base + "/v1/chat/completions", {
-            "model": model, "messages": [{"role": "user", "content": prompt}], "stream": True,
-            "stream_options": {"include_usage": True}, "max_tokens": max_tokens,
-        }
-    if api == "ollama":
-        return base + "/api/chat", {
-            "model": model, "messages": [{"role": "user", "content": prompt}], "stream": True,
-            "options": {"num_predict": max_tokens},
-        }
-    if api == "llamacpp":
-        return base + "/completion", {"model": model, "prompt": prompt, "stream": True, "n_predict": max_tokens}
-    raise ValueError(f"unknown api {api!r}; one of {APIS}")
+    """The generation URL and streaming JSON payload of ``api`` (the bench's, with this prompt)."""
+    return workload.request_for(api, base_url, model, max_tokens, prompt)
 
 
 def _seconds(span: ReadableSpan) -> float | None:
@@ -181,6 +169,7 @@ class TrialRunner:
         self.api = api
         self.headers = dict(headers)
         self.redact = redact
+        self.timeout = timeout
         self.client = httpx.Client(timeout=httpx.Timeout(timeout, connect=10.0))
 
     def close(self) -> None:
@@ -246,21 +235,34 @@ class TrialRunner:
             trial.status = status
 
     def concurrent(self, level: int) -> list[Trial]:
-        """``level`` requests released together (one thread each), in start order."""
-        barrier = threading.Barrier(level)
-        results: list[Trial | None] = [None] * level
-        t0: list[float] = []
-        lock = threading.Lock()
+        """``level`` requests released together by the bench's load core, in start order."""
+        api, url, model, max_tokens = self._request
+        load = workload.Workload(url, api, model, output_tokens=max_tokens, exact_output=False,
+                                 timeout=self.timeout, prompt=PROMPT)
+        span = RequestSpan(TRIAL_SPAN, {"llm.diagnose.kind": "concurrent", "llm.diagnose.concurrency": level},
+                           "llm.diagnose.index")
+        result = run_level(Level(concurrency=level, requests=level, seconds=self.timeout), load, self.headers,
+                           tracer=self.tracer, span=span)
+        first = min((r.sent for r in result.records), default=0.0)
+        spans = list(self.exporter.get_finished_spans())
+        return [self._trial_of(record, level, record.sent - first, spans) for record in result.records]
 
-        def work(i: int) -> None:
-            with lock:
-                if not t0:
-                    t0.append(time.perf_counter())
-            results[i] = self.one("concurrent", i, level, barrier, t0)
+    def _trial_of(self, record: RequestRecord, level: int, start: float, spans: list[ReadableSpan]) -> Trial:
+        trial = Trial(kind="concurrent", index=record.index, concurrency=level, start=start, status=record.status)
+        if record.failure is not None:
+            trial.error = _ERRORS.get(record.failure, "http_error" if record.failure.startswith("http_") else "error")
+            trial.detail = self.redact(record.detail or record.failure)
+        calls = [s for s in spans if s.kind == SpanKind.CLIENT and record.trace_id is not None
+                 and format(s.context.trace_id, "032x") == record.trace_id]
+        if calls:
+            call = max(calls, key=lambda s: s.start_time or 0)
+            children = [s for s in spans if s.parent is not None and s.parent.span_id == call.context.span_id]
+            error, status = trial.error, trial.status
+            trial_from_spans(trial, call, children)
+            trial.error = error
+            if status is not None:
+                trial.status = status
+        return trial
 
-        threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(level)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        return [r for r in results if r is not None]
+
+_ERRORS = {"timeout": "timeout", "unreachable": "unreachable", "broken_stream": "error", "error": "error"}

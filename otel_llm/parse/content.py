@@ -77,6 +77,19 @@ def _objects(data: bytes, ndjson: bool) -> list[dict[str, Any]]:
     return found
 
 
+def event_text(api: str, obj: dict[str, Any]) -> str | None:
+    """The generated text one decoded stream event of ``api`` carries (None: a role-only, usage or
+    other frame without output). SGLang's cumulative ``text`` counts as text too."""
+    if api == routes.API_TGI_GENERATE:
+        text = obj.get("text")
+        return text if isinstance(text, str) and text else None
+    try:
+        piece = _DELTA.get(api, _openai_chat)(obj)
+    except (AttributeError, TypeError):
+        return None
+    return piece if isinstance(piece, str) and piece else None
+
+
 def stream_text(api: str, data: bytes, ndjson: bool) -> str | None:
     """Joined generated text of a captured stream; SGLang's cumulative text is taken last-wins."""
     objects = _objects(data, ndjson)

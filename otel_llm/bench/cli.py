@@ -1,0 +1,238 @@
+"""``otel-llm bench URL --model NAME``: sweep concurrency or arrival rate, one table row per level."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from otel_llm.bench.load import Level, LevelResult, run_level
+from otel_llm.bench.stats import knee, parse_slo, summarize
+from otel_llm.bench.workload import APIS, Workload
+
+__all__ = ["add_arguments", "run"]
+
+LAG_WARN = 0.025  # s of p90 send lag: the generator did not keep the schedule
+CPU_WARN = 0.9  # share of one core: the generator itself is busy
+
+
+def _levels(text: str, kind: type) -> list[Any]:
+    try:
+        values = [math.inf if v.strip() == "inf" else kind(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of numbers: {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError("every level must be > 0")
+    return values
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _slo(text: str) -> dict[str, float]:
+    try:
+        return parse_slo(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("url", metavar="URL", help="base URL of the model server, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--model", required=True, help="model name sent in every request")
+    parser.add_argument("--api", choices=("auto", *APIS), default="auto",
+                        help="request flavour (default auto: detected from side-effect-free routes, else openai)")
+    load = parser.add_mutually_exclusive_group()
+    load.add_argument("--concurrency", type=lambda t: _levels(t, int), metavar="N,N,...",
+                      help="closed loop: requests in flight per level (default 1,2,4,8)")
+    load.add_argument("--rate", type=lambda t: _levels(t, float), metavar="R,R,...",
+                      help="open loop: Poisson arrivals per second per level; inf sends all at once")
+    parser.add_argument("--max-concurrency", type=_positive_int, metavar="N",
+                        help="open loop: requests in flight at most (default unbounded)")
+    parser.add_argument("--requests", type=_positive_int, default=32, metavar="N",
+                        help="requests per level (default 32)")
+    parser.add_argument("--seconds", type=float, default=120.0, metavar="S",
+                        help="time limit per level; requests in flight then get 30 s (default 120)")
+    parser.add_argument("--warmup", type=int, default=2, metavar="N",
+                        help="requests sent before the first level, not recorded (default 2)")
+    parser.add_argument("--prompt-tokens", type=_positive_int, default=128, metavar="N",
+                        help="prompt length, about (the runtime's count is recorded; default 128)")
+    parser.add_argument("--output-tokens", type=_positive_int, default=64, metavar="N",
+                        help="output length: ignore_eos / min_tokens where the runtime supports them, "
+                             "else the limit (the actual count is recorded; default 64)")
+    parser.add_argument("--slo", type=_slo, metavar="ttft=S,tpot=S,e2el=S",
+                        help="service level objective in seconds: goodput and the highest load that meets it")
+    parser.add_argument("--slo-attainment", type=float, default=0.9, metavar="SHARE",
+                        help="share of a level's requests that must meet the SLO (default 0.9)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the open loop's arrivals (default 0)")
+    parser.add_argument("--json", metavar="FILE", help="write the configuration and every request's figures here")
+    parser.add_argument("--auth-env", metavar="VAR",
+                        help="environment variable holding a token sent as 'Authorization: Bearer ...'")
+    parser.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS",
+                        help="per-request timeout (default 120)")
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.1f}"
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+HEADER = (f"{'level':<16} {'ok':>4} {'fail':>4} {'req/s':>7} {'out tok/s':>9} {'TTFT p50':>9} {'p99':>8} "
+          f"{'TPOT p50':>9} {'p99':>7} {'ITL p99':>8} {'E2EL p50':>9}")
+
+
+def row(s: dict[str, Any]) -> str:
+    line = (f"{s['level']:<16} {s['completed']:>4} {s['failed']:>4} {_num(s['request_throughput'], 2):>7} "
+            f"{_num(s['output_throughput']):>9} {_ms(s['ttft']['p50']):>9} {_ms(s['ttft']['p99']):>8} "
+            f"{_ms(s['tpot']['p50']):>9} {_ms(s['tpot']['p99']):>7} {_ms(s['itl']['p99']):>8} "
+            f"{_ms(s['e2el']['p50']):>9}")
+    if "goodput" in s:
+        line += f"  goodput {_num(s['goodput'], 2)}/s {'meets SLO' if s['meets_slo'] else 'misses SLO'}"
+    return line
+
+
+def warnings(s: dict[str, Any]) -> list[str]:
+    """What the reader must know before trusting a level's figures."""
+    out = []
+    lag = s["lag"]["p90"]
+    if s["rate"] is not None and lag is not None and lag > LAG_WARN:
+        out.append(f"{s['level']}: the load generator fell behind its schedule (p90 send lag {_ms(lag)} ms): "
+                   "the figures understate the load asked for")
+    if s["generator_cpu_share"] > CPU_WARN:
+        out.append(f"{s['level']}: the load generator used {s['generator_cpu_share']:.0%} of a core: it may be "
+                   "the bottleneck (run it on another machine, or lower the load)")
+    if s["failures"]:
+        kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(s["failures"].items()))
+        out.append(f"{s['level']}: failures: {kinds}")
+    if s["unfinished"]:
+        out.append(f"{s['level']}: {s['unfinished']} request(s) still running when the level was cut short")
+    return out
+
+
+def _progress(label: str, total: int, out: Any) -> Callable[[int], None]:
+    if not getattr(out, "isatty", lambda: False)():
+        return lambda done: None
+
+    def show(done: int) -> None:
+        width = 24
+        filled = round(width * done / total)
+        out.write(f"\r{label:<16} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
+        if done >= total:
+            out.write("\r" + " " * (width + 40) + "\r")
+        out.flush()
+
+    return show
+
+
+def _levels_of(args: argparse.Namespace) -> list[Level]:
+    if args.rate:
+        return [Level(rate=r, requests=args.requests, seconds=args.seconds, max_concurrency=args.max_concurrency)
+                for r in args.rate]
+    return [Level(concurrency=c, requests=args.requests, seconds=args.seconds)
+            for c in (args.concurrency or [1, 2, 4, 8])]
+
+
+def run(args: argparse.Namespace) -> int:
+    import otel_llm
+    from otel_llm.config import resolve
+    from otel_llm.diagnose.detect import detect, server_root
+    from otel_llm.export.providers import build_providers
+
+    say: Callable[[str], None] = lambda text: print(text, flush=True)  # noqa: E731
+    headers: dict[str, str] = {}
+    if args.auth_env:
+        secret = os.environ.get(args.auth_env)
+        if not secret:
+            print(f"otel-llm bench: environment variable {args.auth_env} is not set or empty", file=sys.stderr)
+            return 2
+        headers["Authorization"] = f"Bearer {secret}"
+    if otel_llm.is_instrumented():
+        print("otel-llm bench: otel_llm is already instrumented in this process", file=sys.stderr)
+        return 2
+    detection = detect(args.url, headers)
+    api = args.api if args.api != "auto" else (detection.api or "openai")
+    workload = Workload(args.url, api, args.model, args.prompt_tokens, args.output_tokens, timeout=args.timeout)
+    options = {"console_summary": False, "host_metrics": False, "gpu_metrics": False}
+    providers = build_providers(resolve(options))
+    runtimes = {server_root(args.url): detection.runtime} if detection.runtime else None
+    otel_llm.instrument(**options, tracer_provider=providers.tracer_provider,
+                        meter_provider=providers.meter_provider, **({"runtimes": runtimes} if runtimes else {}))
+    tracer = providers.tracer_provider.get_tracer("otel_llm.bench")
+    results: list[LevelResult] = []
+    started = time.time()
+    try:
+        say(f"otel-llm bench {args.url} (api {api}, runtime {detection.runtime or 'not proven'}, model "
+            f"{args.model}): prompt ~{args.prompt_tokens} tokens, output {args.output_tokens} tokens, streamed")
+        if args.warmup:
+            run_level(Level(concurrency=1, requests=args.warmup, seconds=args.seconds), workload, headers,
+                      tracer=tracer)
+        say(HEADER)
+        for level in _levels_of(args):
+            result = run_level(level, workload, headers, seed=args.seed, tracer=tracer,
+                               progress=_progress(level.label, level.requests, sys.stderr))
+            results.append(result)
+            say(row(summarize(result, args.slo, args.slo_attainment)))
+            if result.interrupted:
+                break
+    except KeyboardInterrupt:  # between two levels, or in the warm-up
+        if results:
+            results[-1].interrupted = True
+    finally:
+        otel_llm.uninstrument()
+        providers.shutdown()
+    interrupted = bool(results) and results[-1].interrupted
+    if interrupted:
+        say("interrupted: the levels measured so far are reported")
+    summaries = [summarize(r, args.slo, args.slo_attainment) for r in results]
+    for line in [w for s in summaries for w in warnings(s)]:
+        say("warning: " + line)
+    _conclusions(summaries, args, say)
+    if args.json:
+        _write_json(args, workload, detection, started, results, summaries)
+        say(f"wrote {args.json}")
+    return 130 if interrupted else 0
+
+
+def _conclusions(summaries: list[dict[str, Any]], args: argparse.Namespace, say: Callable[[str], None]) -> None:
+    at = knee(summaries)
+    if at is not None:
+        say(f"knee: {summaries[at]['level']} (output throughput grows less than 10 % beyond it)")
+    if args.slo:
+        meeting = [s for s in summaries if s["meets_slo"]]
+        limits = ", ".join(f"{k} <= {v * 1000:g} ms" for k, v in args.slo.items())
+        say(f"highest load meeting the SLO ({limits}, {args.slo_attainment:.0%} of requests): "
+            + (meeting[-1]["level"] if meeting else "none"))
+
+
+def _write_json(args: argparse.Namespace, workload: Workload, detection: Any, started: float,
+                results: list[LevelResult], summaries: list[dict[str, Any]]) -> None:
+    doc = {
+        "tool": "otel-llm bench", "started": started,
+        "configuration": {
+            "url": args.url, "api": workload.api, "model": args.model, "runtime": detection.runtime,
+            "runtime_version": detection.version, "prompt_tokens": args.prompt_tokens,
+            "output_tokens": args.output_tokens, "exact_output": workload.exact_output,
+            "mode": "rate" if args.rate else "concurrency", "requests_per_level": args.requests,
+            "seconds_per_level": args.seconds, "warmup": args.warmup, "seed": args.seed,
+            "max_concurrency": args.max_concurrency, "slo": args.slo, "slo_attainment": args.slo_attainment,
+            "definitions": "vllm bench serve: TTFT to the first content chunk, ITL every gap between content "
+                           "chunks, TPOT = (E2EL - TTFT) / (output tokens - 1), goodput = requests/s meeting "
+                           "every SLO",
+        },
+        "levels": [{**summary, "requests": [r.to_dict() for r in result.records]}
+                   for summary, result in zip(summaries, results)],
+        "knee": knee(summaries),
+    }
+    with open(args.json, "w") as out:
+        json.dump(doc, out, indent=1, default=str)

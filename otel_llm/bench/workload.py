@@ -1,0 +1,86 @@
+"""What one benchmark request is: the route, the streamed JSON payload, how its stream is framed.
+
+Shared with ``diagnose`` (its trials send the same requests).
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from otel_llm.parse import routes
+
+__all__ = ["APIS", "Workload", "prompt_of", "request_for"]
+
+APIS = ("openai", "ollama", "llamacpp")
+# each flavour's route API id (otel_llm.parse.routes) and whether its stream is NDJSON (else SSE)
+STREAM_API = {"openai": (routes.API_OPENAI_CHAT, False), "ollama": (routes.API_OLLAMA_CHAT, True),
+              "llamacpp": (routes.API_LLAMACPP_COMPLETION, False)}
+_SENTENCE = "the shipment left the harbour on time and reached the depot before noon."
+_TOKENS_PER_SENTENCE = 16  # about, for the tokenizers of the common small models
+_ASK = "Write a long story about the shipment."
+
+
+def request_for(api: str, base_url: str, model: str, max_tokens: int, prompt: str,
+                exact_output: bool = False) -> tuple[str, dict[str, Any]]:
+    """The generation URL and streaming JSON payload of ``api``; ``exact_output`` asks the runtime
+    to generate exactly ``max_tokens`` (``ignore_eos``, and vLLM's ``min_tokens``) where it can."""
+    base = base_url.rstrip("/")
+    if api == "openai":
+        if base.endswith("/v1"):
+            base = base[: -len("/v1")]
+        payload: dict[str, Any] = {
+            "model": model, "messages": [{"role": "user", "content": prompt}], "stream": True,
+            "stream_options": {"include_usage": True}, "max_tokens": max_tokens,
+        }
+        if exact_output:
+            payload.update(ignore_eos=True, min_tokens=max_tokens)
+        return base + "/v1/chat/completions", payload
+    if api == "ollama":  # no way to ignore the end of sequence: the actual count is recorded
+        return base + "/api/chat", {
+            "model": model, "messages": [{"role": "user", "content": prompt}], "stream": True,
+            "options": {"num_predict": max_tokens},
+        }
+    if api == "llamacpp":
+        payload = {"model": model, "prompt": prompt, "stream": True, "n_predict": max_tokens}
+        if exact_output:
+            payload["ignore_eos"] = True
+        return base + "/completion", payload
+    raise ValueError(f"unknown api {api!r}; one of {APIS}")
+
+
+def prompt_of(tokens: int, nonce: str | None = None) -> str:
+    """A prompt of about ``tokens`` tokens, opened by a random nonce so no two requests share a
+    cached prefix (the runtime's counts of the actual prompt are recorded)."""
+    nonce = nonce or secrets.token_hex(4)
+    sentences = max(0, round((tokens - 12) / _TOKENS_PER_SENTENCE))
+    notes = " ".join(f"Note {i}: {_SENTENCE}" for i in range(sentences))
+    return f"[{nonce}] {notes} {_ASK}".replace("  ", " ")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The fixed workload of a benchmark run (recorded in its JSON)."""
+
+    url: str
+    api: str
+    model: str
+    prompt_tokens: int = 128
+    output_tokens: int = 64
+    exact_output: bool = True
+    timeout: float = 120.0
+    prompt: str | None = None  # this prompt every time, instead of ~prompt_tokens with a fresh nonce
+
+    def request(self) -> tuple[str, dict[str, Any]]:
+        """One request of the workload."""
+        prompt = self.prompt if self.prompt is not None else prompt_of(self.prompt_tokens)
+        return request_for(self.api, self.url, self.model, self.output_tokens, prompt, self.exact_output)
+
+    @property
+    def stream_api(self) -> str:
+        return STREAM_API[self.api][0]
+
+    @property
+    def ndjson(self) -> bool:
+        return STREAM_API[self.api][1]

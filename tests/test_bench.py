@@ -1,0 +1,216 @@
+"""``otel-llm bench``: the load core against the simulator's known service times (parallel and
+serialized), open and closed loops, failures by kind, the definitions, the command and its JSON."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import otel_llm
+from otel_llm.bench import Level, RequestRecord, Workload, knee, parse_slo, percentile, run_level, summarize
+from otel_llm.bench.load import LevelResult, _arrivals
+from otel_llm.sim import SimProcess
+from tests.conftest import Otel, make_otel
+from tests.helpers_servers import clean_env
+
+pytestmark = pytest.mark.timeout(300)
+
+REPO = Path(__file__).resolve().parents[1]
+# the service time of one request: first token after F, then a token every INTERVAL, T tokens
+F, INTERVAL, T = 0.2, 0.02, 20
+E2EL = F + (T - 1) * INTERVAL  # 0.58 s
+# a loaded 2-core machine: an event loop reading several streams wakes late by tens of ms
+SLACK = 0.06
+
+
+@pytest.fixture
+def traced() -> Iterator[Otel]:
+    state = make_otel()
+    otel_llm.instrument(tracer_provider=state.tracer_provider, meter_provider=state.meter_provider,
+                        host_metrics=False, gpu_metrics=False, runtime_metrics=False, console_summary=False)
+    try:
+        yield state
+    finally:
+        otel_llm.uninstrument()
+
+
+def _workload(sim: SimProcess, **kw: object) -> Workload:
+    return Workload(sim.base_url, "openai", "sim-model", prompt_tokens=32, output_tokens=T, **kw)  # type: ignore[arg-type]
+
+
+# --- definitions ---------------------------------------------------------------------------------
+def test_percentile_interpolates_as_numpy() -> None:
+    values = [0.5, 0.1, 0.4, 0.2, 0.3]
+    assert percentile(values, 50) == pytest.approx(0.3)
+    assert percentile(values, 90) == pytest.approx(0.46)  # numpy.percentile(values, 90)
+    assert percentile(values, 99) == pytest.approx(0.496)
+    assert percentile([], 50) is None and percentile([7.0], 99) == 7.0
+
+
+def test_tpot_is_vllms_and_goodput_counts_requests_meeting_every_slo() -> None:
+    fast = RequestRecord(0, ttft=0.1, e2el=1.1, output_tokens=11)
+    slow = RequestRecord(1, ttft=0.6, e2el=1.6, output_tokens=11)
+    one = RequestRecord(2, ttft=0.1, e2el=0.1, output_tokens=1)
+    failed = RequestRecord(3, failure="http_503", status=503)
+    assert fast.tpot == pytest.approx(0.1) and one.tpot is None
+    result = LevelResult(Level(concurrency=2), [fast, slow, one, failed], duration=2.0)
+    s = summarize(result, parse_slo("ttft=0.5,tpot=0.2"), attainment=0.5)
+    assert s["completed"] == 3 and s["failed"] == 1 and s["failures"] == {"http_503": 1}
+    assert s["goodput"] == pytest.approx(1.0)  # fast and one, over 2 s
+    assert s["slo_attainment"] == pytest.approx(0.5) and s["meets_slo"]
+    assert s["output_throughput"] == pytest.approx(23 / 2.0)
+    assert not summarize(result, parse_slo("ttft=0.5"), attainment=0.9)["meets_slo"]
+
+
+@pytest.mark.parametrize("text", ["ttft", "ttft=abc", "tpot=-1", "itl=0.1", "", "e2el=nan"])
+def test_bad_slo_is_a_message(text: str) -> None:
+    with pytest.raises(ValueError, match="SLO"):
+        parse_slo(text)
+
+
+def test_knee_is_where_throughput_stops_growing() -> None:
+    assert knee([{"output_throughput": v} for v in (100, 190, 260, 270, 268)]) == 2
+    assert knee([{"output_throughput": v} for v in (100, 200, 400)]) is None
+
+
+def test_open_loop_arrivals_are_seeded_poisson() -> None:
+    level = Level(rate=4.0, requests=400)
+    times = _arrivals(level, seed=7)
+    assert times == _arrivals(level, seed=7) != _arrivals(level, seed=8)
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert sum(gaps) / len(gaps) == pytest.approx(0.25, rel=0.15)
+    assert _arrivals(Level(rate=math.inf, requests=5), 0) == [0.0] * 5
+
+
+# --- against the simulator ------------------------------------------------------------------------
+def test_parallel_levels_match_the_injected_service_times(traced: Otel) -> None:
+    with SimProcess(first_token_delay=F, token_interval=INTERVAL, tokens=T) as sim:
+        workload = _workload(sim)
+        run_level(Level(concurrency=1, requests=1), workload)
+        one = summarize(run_level(Level(concurrency=1, requests=4), workload))
+        four = summarize(run_level(Level(concurrency=4, requests=8), workload))
+    for s in (one, four):
+        assert s["completed"] == s["sent"] and not s["failures"], s
+        assert F <= s["ttft"]["p50"] <= F + SLACK, s["ttft"]
+        assert s["tpot"]["p50"] == pytest.approx(INTERVAL, abs=0.005), s["tpot"]
+        assert s["itl"]["p50"] == pytest.approx(INTERVAL, abs=0.01), s["itl"]
+        assert E2EL <= s["e2el"]["p50"] <= E2EL + SLACK * 2, s["e2el"]
+        assert s["output_tokens"] == T * s["completed"]  # the runtime's usage counts
+    # four streams at once on a parallel runtime: four times the throughput
+    assert one["request_throughput"] == pytest.approx(1 / E2EL, rel=0.2)
+    assert four["request_throughput"] == pytest.approx(4 / E2EL, rel=0.25)
+
+
+def test_serialized_runtime_queues_and_throughput_stays_flat(traced: Otel) -> None:
+    with SimProcess(first_token_delay=F, token_interval=INTERVAL, tokens=T, concurrency="serialized") as sim:
+        workload = _workload(sim)
+        one = summarize(run_level(Level(concurrency=1, requests=3), workload))
+        three = summarize(run_level(Level(concurrency=3, requests=9), workload))
+    assert one["request_throughput"] == pytest.approx(1 / E2EL, rel=0.2)
+    assert three["request_throughput"] == pytest.approx(1 / E2EL, rel=0.2)
+    # in steady state each request waits for the two ahead of it: TTFT ~ 2 service times + F
+    assert three["ttft"]["p50"] == pytest.approx(2 * E2EL + F, rel=0.2), three["ttft"]
+    assert three["tpot"]["p50"] == pytest.approx(INTERVAL, abs=0.005)  # decoding itself is not slower
+    assert knee([one, three]) == 0
+
+
+def test_open_loop_sends_on_schedule(traced: Otel) -> None:
+    with SimProcess(first_token_delay=0.05, token_interval=0.005, tokens=8) as sim:
+        workload = Workload(sim.base_url, "openai", "sim-model", prompt_tokens=16, output_tokens=8)
+        result = run_level(Level(rate=10.0, requests=12), workload, seed=3)
+        burst = run_level(Level(rate=math.inf, requests=6), workload)
+    assert [r.scheduled for r in result.records] == _arrivals(Level(rate=10.0, requests=12), 3)
+    assert all(r.sent >= r.scheduled for r in result.records)
+    assert percentile([r.lag for r in result.records], 50) < 0.05
+    assert all(r.ok for r in result.records + burst.records)
+    assert max(r.sent for r in burst.records) < 0.5  # all at once
+
+
+def test_injected_failures_are_counted_by_kind(traced: Otel) -> None:
+    with SimProcess(first_token_delay=0.02, token_interval=0.005, tokens=10, error_status=503, fault_every=3) as sim:
+        errors = summarize(run_level(Level(concurrency=1, requests=9), _workload(sim)))
+        sim.configure(error_status=None, abort_after_tokens=3, fault_every=2)
+        broken = summarize(run_level(Level(concurrency=1, requests=8), _workload(sim)))
+        sim.configure(abort_after_tokens=None, first_token_delay=2.0)
+        slow = summarize(run_level(Level(concurrency=2, requests=2), _workload(sim, timeout=0.5)))
+    assert errors["failures"] == {"http_503": 3} and errors["completed"] == 6, errors
+    assert broken["failures"] == {"broken_stream": 4} and broken["completed"] == 4, broken
+    assert slow["failures"] == {"timeout": 2}, slow
+
+
+def test_every_request_is_a_traced_model_call(traced: Otel) -> None:
+    with SimProcess(first_token_delay=0.02, token_interval=0.005, tokens=6) as sim:
+        result = run_level(Level(concurrency=2, requests=4), _workload(sim))
+    calls = [s for s in traced.spans() if s.attributes and "gen_ai.operation.name" in s.attributes]
+    assert len(calls) == 4
+    assert {format(s.context.trace_id, "032x") for s in calls} == {r.trace_id for r in result.records}
+
+
+# --- the command ------------------------------------------------------------------------------------
+def _bench(sim: SimProcess, tmp_path: Path, *args: str, **popen: object) -> subprocess.Popen[str]:
+    env = clean_env(OTEL_LLM_TRACES_FILE=str(tmp_path / "traces.jsonl"), PYTHONPATH=str(REPO))
+    popen.setdefault("stdout", subprocess.PIPE)
+    return subprocess.Popen([sys.executable, "-m", "otel_llm.cli.main", "bench", sim.base_url, "--model", "sim-model",
+                             "--api", "openai", *args], env=env, cwd=tmp_path, text=True,
+                            stderr=subprocess.PIPE, **popen)  # type: ignore[call-overload]
+
+
+def test_command_prints_the_table_and_writes_every_request(tmp_path: Path) -> None:
+    with SimProcess(first_token_delay=0.05, token_interval=0.01, tokens=10, concurrency="serialized") as sim:
+        proc = _bench(sim, tmp_path, "--concurrency", "1,2", "--requests", "4", "--output-tokens", "10",
+                      "--slo", "ttft=0.1,tpot=0.05", "--json", str(tmp_path / "bench.json"))
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "concurrency 1" in out and "concurrency 2" in out and "TTFT p50" in out
+    assert "highest load meeting the SLO (ttft <= 100 ms, tpot <= 50 ms, 90% of requests): concurrency 1" in out
+    doc = json.loads((tmp_path / "bench.json").read_text())
+    assert doc["configuration"]["output_tokens"] == 10 and doc["configuration"]["slo"] == {"ttft": 0.1, "tpot": 0.05}
+    first, second = doc["levels"]
+    assert first["meets_slo"] and not second["meets_slo"]
+    assert len(first["requests"]) == 4 and all(r["output_tokens"] == 10 for r in first["requests"])
+    traces = (tmp_path / "traces.jsonl").read_text()
+    assert all(r["trace_id"] in traces for level in doc["levels"] for r in level["requests"])
+
+
+def test_ctrl_c_stops_cleanly_and_writes_what_was_measured(tmp_path: Path) -> None:
+    with SimProcess(first_token_delay=0.05, token_interval=0.01, tokens=10) as sim, \
+            open(tmp_path / "out.txt", "w") as out:
+        proc = _bench(sim, tmp_path, "--concurrency", "1,1,1,1", "--requests", "5", "--output-tokens", "10",
+                      "--warmup", "0", "--json", str(tmp_path / "bench.json"), stdout=out)
+        deadline = time.monotonic() + 60
+        while "concurrency 1 " not in (tmp_path / "out.txt").read_text() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.2)  # inside the second level
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    text = (tmp_path / "out.txt").read_text()
+    assert proc.returncode == 130, (text, err)
+    assert "Traceback" not in err and "interrupted" in text, (text, err)
+    doc = json.loads((tmp_path / "bench.json").read_text())
+    assert 1 <= len(doc["levels"]) < 4 and len(doc["levels"][0]["requests"]) == 5
+
+
+def test_readme_command_runs_against_the_simulator(tmp_path: Path) -> None:
+    """The README's bench command, its URL pointed at the simulator (an OpenAI-compatible vLLM)."""
+    readme = (REPO / "README.md").read_text()
+    start = readme.index("```\notel-llm bench http://127.0.0.1:8000") + 4
+    command = readme[start:readme.index("```", start)].replace("\\\n", " ").split()
+    assert command[:2] == ["otel-llm", "bench"]
+    with SimProcess(first_token_delay=0.01, token_interval=0.002, tokens=64) as sim:
+        args = [sim.base_url if a == "http://127.0.0.1:8000" else "sim-model" if a == "NAME" else a
+                for a in command[2:]]
+        env = clean_env(OTEL_LLM_TRACES_FILE=str(tmp_path / "traces.jsonl"), PYTHONPATH=str(REPO))
+        done = subprocess.run([sys.executable, "-m", "otel_llm.cli.main", "bench", *args], env=env, cwd=tmp_path,
+                              text=True, capture_output=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads((tmp_path / "bench.json").read_text())
+    assert [level["level"] for level in doc["levels"]] == [f"concurrency {c}" for c in (1, 2, 4, 8)]
+    assert all(level["completed"] == 32 and level["meets_slo"] for level in doc["levels"]), done.stdout
