@@ -214,3 +214,23 @@ def test_readme_command_runs_against_the_simulator(tmp_path: Path) -> None:
     doc = json.loads((tmp_path / "bench.json").read_text())
     assert [level["level"] for level in doc["levels"]] == [f"concurrency {c}" for c in (1, 2, 4, 8)]
     assert all(level["completed"] == 32 and level["meets_slo"] for level in doc["levels"]), done.stdout
+
+
+def test_token_chunks_of_a_real_vllm_stream_are_counted_as_its_bench_counts() -> None:
+    """vLLM's recorded stream (tests/fixtures/runtimes/vllm): the role chunk is not a token, every
+    other chunk with a choice is (the finish chunk too), the usage chunk is not; the count of
+    output tokens is vLLM's own usage."""
+    from otel_llm.bench.load import _finish, _Stream
+
+    raw = (REPO / "tests/fixtures/runtimes/vllm/chat_stream.sse").read_bytes()
+    events = [json.loads(line[6:]) for line in raw.decode().splitlines() if line.startswith("data: {")]
+    with_choice = [e for e in events if e.get("choices")]
+    stream = _Stream(Workload("http://x", "openai", "tiny"))
+    for i, piece in enumerate(raw.split(b"\n\n")):
+        stream.feed(piece + b"\n\n", float(i))
+    record = RequestRecord(0)
+    _finish(record, Workload("http://x", "openai", "tiny"), stream, -1.0, 100.0)
+    assert len(stream.token_times) == len(with_choice) - 1  # the role chunk left out
+    assert record.ttft == 2.0 and len(record.itl) == len(stream.token_times) - 1
+    usage = next(e["usage"] for e in events if e.get("usage"))
+    assert record.output_tokens == usage["completion_tokens"] and record.input_tokens == usage["prompt_tokens"]

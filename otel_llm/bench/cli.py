@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -13,7 +14,7 @@ from typing import Any
 
 from otel_llm.bench.load import Level, LevelResult, run_level
 from otel_llm.bench.stats import knee, parse_slo, summarize
-from otel_llm.bench.workload import APIS, Workload
+from otel_llm.bench.workload import APIS, Workload, prompt_with
 
 __all__ = ["add_arguments", "run"]
 
@@ -66,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-tokens", type=_positive_int, default=128, metavar="N",
                         help="prompt length, about (the runtime's count is recorded; default 128)")
     parser.add_argument("--output-tokens", type=_positive_int, default=64, metavar="N",
-                        help="output length: ignore_eos / min_tokens where the runtime supports them, "
+                        help="output length: ignore_eos where the runtime supports it, "
                              "else the limit (the actual count is recorded; default 64)")
     parser.add_argument("--slo", type=_slo, metavar="ttft=S,tpot=S,e2el=S",
                         help="service level objective in seconds: goodput and the highest load that meets it")
@@ -118,6 +119,27 @@ def warnings(s: dict[str, Any]) -> list[str]:
     if s["unfinished"]:
         out.append(f"{s['level']}: {s['unfinished']} request(s) still running when the level was cut short")
     return out
+
+
+CALIBRATION_SENTENCES = (2, 10)  # filler sentences of the two calibration requests
+
+
+def calibrate(workload: Workload, headers: dict[str, str], tracer: Any, seconds: float) -> tuple[Workload, str]:
+    """Fit the runtime's tokens per filler sentence from two short unrecorded requests, so the
+    prompt has about ``prompt_tokens`` tokens as the runtime counts them (chat template included).
+    Without a prompt count from the runtime, the estimate stays (said so)."""
+    counts = []
+    for sentences in CALIBRATION_SENTENCES:
+        probe = dataclasses.replace(workload, prompt=prompt_with(sentences), output_tokens=2, exact_output=False)
+        record = run_level(Level(concurrency=1, requests=1, seconds=seconds), probe, headers, tracer=tracer).records
+        counts.append(record[0].input_tokens if record else None)
+    (n1, n2), (c1, c2) = CALIBRATION_SENTENCES, counts
+    if c1 is None or c2 is None or c2 <= c1:
+        return workload, "prompt length: not calibrated (the runtime reports no prompt token count)"
+    per = (c2 - c1) / (n2 - n1)
+    calibrated = dataclasses.replace(workload, sentence_tokens=per, base_tokens=c1 - n1 * per)
+    return calibrated, (f"prompt length: calibrated on the runtime's own counts ({per:.1f} tokens per filler "
+                        f"sentence, {c1 - n1 * per:.0f} for the rest)")
 
 
 def _progress(label: str, total: int, out: Any) -> Callable[[int], None]:
@@ -174,6 +196,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         say(f"otel-llm bench {args.url} (api {api}, runtime {detection.runtime or 'not proven'}, model "
             f"{args.model}): prompt ~{args.prompt_tokens} tokens, output {args.output_tokens} tokens, streamed")
+        workload, note = calibrate(workload, headers, tracer, args.seconds)
+        say(note)
         if args.warmup:
             run_level(Level(concurrency=1, requests=args.warmup, seconds=args.seconds), workload, headers,
                       tracer=tracer)

@@ -25,6 +25,7 @@ from opentelemetry import trace
 
 from otel_llm.bench.workload import Workload
 from otel_llm.parse.content import event_text
+from otel_llm.parse.routes import API_OPENAI_CHAT, API_OPENAI_COMPLETIONS
 from otel_llm.parse.response import parse_events, parse_sse_event
 
 __all__ = ["Level", "LevelResult", "RequestRecord", "RequestSpan", "run_level"]
@@ -50,9 +51,9 @@ class RequestRecord:
     index: int
     scheduled: float = 0.0  # after the level's start
     sent: float = 0.0  # after the level's start
-    ttft: float | None = None  # sent -> first content chunk
+    ttft: float | None = None  # sent -> first token chunk
     e2el: float | None = None  # sent -> end of the response
-    itl: list[float] = field(default_factory=list)  # every gap between consecutive content chunks
+    itl: list[float] = field(default_factory=list)  # every gap between consecutive token chunks
     output_tokens: int | None = None  # the runtime's count (usage), else content chunks
     input_tokens: int | None = None
     status: int | None = None
@@ -117,7 +118,8 @@ class _Stream:
         self.buffer = b""
         self.first: bytes | None = None
         self.last: list[bytes] = []
-        self.content_times: list[float] = []
+        self.token_times: list[float] = []
+        self.openai = self.api in (API_OPENAI_CHAT, API_OPENAI_COMPLETIONS)
 
     def feed(self, data: bytes, now: float) -> None:
         self.buffer += data.replace(b"\r\n", b"\n") if b"\r" in data else data
@@ -142,8 +144,21 @@ class _Stream:
             obj = json.loads(payload)
         except ValueError:
             return
-        if isinstance(obj, dict) and event_text(self.api, obj):
-            self.content_times.append(now)
+        if isinstance(obj, dict) and self._is_token(obj):
+            self.token_times.append(now)
+
+    def _is_token(self, obj: dict) -> bool:
+        """A chunk for a generated token. OpenAI-style: any chunk with a choice except the role
+        chunk, as vLLM's bench counts (a token whose text is still a partial UTF-8 sequence, the
+        finish chunk); the role chunk may come with the headers, before any token. Elsewhere: a
+        chunk with generated text."""
+        if not self.openai:
+            return bool(event_text(self.api, obj))
+        choices = obj.get("choices")
+        if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
+            return False
+        delta = choices[0].get("delta")
+        return not (isinstance(delta, dict) and "role" in delta and not delta.get("content"))
 
 
 async def _one(client: httpx.AsyncClient, workload: Workload, headers: Mapping[str, str], record: RequestRecord,
@@ -179,18 +194,18 @@ async def _one(client: httpx.AsyncClient, workload: Workload, headers: Mapping[s
 
 
 def _finish(record: RequestRecord, workload: Workload, stream: _Stream, start: float, end: float) -> None:
-    times = stream.content_times
+    times = stream.token_times
+    if stream.first is not None:
+        info = parse_events(workload.stream_api, [stream.first] + stream.last)
+        record.input_tokens = info.input_tokens
+        record.output_tokens = info.output_tokens if info.output_tokens else len(times)
     if record.failure is None and not times:
-        record.failure, record.detail = "broken_stream", "no content chunk"
+        record.failure, record.detail = "broken_stream", "no token chunk"
     if record.failure is not None:
         return
     record.ttft = times[0] - start
     record.e2el = end - start
     record.itl = [b - a for a, b in zip(times, times[1:])]
-    events = ([stream.first] if stream.first is not None else []) + stream.last
-    info = parse_events(workload.stream_api, events)
-    record.output_tokens = info.output_tokens if info.output_tokens else len(times)
-    record.input_tokens = info.input_tokens
 
 
 def _arrivals(level: Level, seed: int) -> list[float]:

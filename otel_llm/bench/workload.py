@@ -11,21 +11,22 @@ from typing import Any
 
 from otel_llm.parse import routes
 
-__all__ = ["APIS", "Workload", "prompt_of", "request_for"]
+__all__ = ["APIS", "Workload", "prompt_of", "prompt_with", "request_for"]
 
 APIS = ("openai", "ollama", "llamacpp")
 # each flavour's route API id (otel_llm.parse.routes) and whether its stream is NDJSON (else SSE)
 STREAM_API = {"openai": (routes.API_OPENAI_CHAT, False), "ollama": (routes.API_OLLAMA_CHAT, True),
               "llamacpp": (routes.API_LLAMACPP_COMPLETION, False)}
 _SENTENCE = "the shipment left the harbour on time and reached the depot before noon."
-_TOKENS_PER_SENTENCE = 16  # about, for the tokenizers of the common small models
+_TOKENS_PER_SENTENCE = 16  # about, for the tokenizers of the common small models, until calibrated
+_BASE_TOKENS = 12
 _ASK = "Write a long story about the shipment."
 
 
 def request_for(api: str, base_url: str, model: str, max_tokens: int, prompt: str,
                 exact_output: bool = False) -> tuple[str, dict[str, Any]]:
     """The generation URL and streaming JSON payload of ``api``; ``exact_output`` asks the runtime
-    to generate exactly ``max_tokens`` (``ignore_eos``, and vLLM's ``min_tokens``) where it can."""
+    to generate exactly ``max_tokens`` (``ignore_eos``, as ``vllm bench serve`` does) where it can."""
     base = base_url.rstrip("/")
     if api == "openai":
         if base.endswith("/v1"):
@@ -35,7 +36,7 @@ def request_for(api: str, base_url: str, model: str, max_tokens: int, prompt: st
             "stream_options": {"include_usage": True}, "max_tokens": max_tokens,
         }
         if exact_output:
-            payload.update(ignore_eos=True, min_tokens=max_tokens)
+            payload.update(ignore_eos=True)
         return base + "/v1/chat/completions", payload
     if api == "ollama":  # no way to ignore the end of sequence: the actual count is recorded
         return base + "/api/chat", {
@@ -50,13 +51,19 @@ def request_for(api: str, base_url: str, model: str, max_tokens: int, prompt: st
     raise ValueError(f"unknown api {api!r}; one of {APIS}")
 
 
-def prompt_of(tokens: int, nonce: str | None = None) -> str:
-    """A prompt of about ``tokens`` tokens, opened by a random nonce so no two requests share a
-    cached prefix (the runtime's counts of the actual prompt are recorded)."""
+def prompt_with(sentences: int, nonce: str | None = None) -> str:
+    """A prompt of ``sentences`` filler sentences, opened by a random nonce so no two requests share
+    a cached prefix."""
     nonce = nonce or secrets.token_hex(4)
-    sentences = max(0, round((tokens - 12) / _TOKENS_PER_SENTENCE))
-    notes = " ".join(f"Note {i}: {_SENTENCE}" for i in range(sentences))
+    notes = " ".join(f"Note {i}: {_SENTENCE}" for i in range(max(0, sentences)))
     return f"[{nonce}] {notes} {_ASK}".replace("  ", " ")
+
+
+def prompt_of(tokens: int, nonce: str | None = None, sentence_tokens: float = _TOKENS_PER_SENTENCE,
+              base_tokens: float = _BASE_TOKENS) -> str:
+    """A prompt of about ``tokens`` tokens, for a tokenizer that counts ``sentence_tokens`` per
+    filler sentence and ``base_tokens`` for the rest (template included)."""
+    return prompt_with(round((tokens - base_tokens) / sentence_tokens), nonce)
 
 
 @dataclass(frozen=True)
@@ -71,10 +78,13 @@ class Workload:
     exact_output: bool = True
     timeout: float = 120.0
     prompt: str | None = None  # this prompt every time, instead of ~prompt_tokens with a fresh nonce
+    sentence_tokens: float = _TOKENS_PER_SENTENCE  # the runtime's tokens per filler sentence (calibrated)
+    base_tokens: float = _BASE_TOKENS
 
     def request(self) -> tuple[str, dict[str, Any]]:
         """One request of the workload."""
-        prompt = self.prompt if self.prompt is not None else prompt_of(self.prompt_tokens)
+        prompt = self.prompt if self.prompt is not None else prompt_of(
+            self.prompt_tokens, sentence_tokens=self.sentence_tokens, base_tokens=self.base_tokens)
         return request_for(self.api, self.url, self.model, self.output_tokens, prompt, self.exact_output)
 
     @property
