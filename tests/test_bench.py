@@ -20,6 +20,7 @@ from otel_llm.bench.load import LevelResult, _arrivals
 from otel_llm.sim import SimProcess
 from tests.conftest import Otel, make_otel
 from tests.helpers_servers import clean_env
+from tests.test_diagnose_html import chromium  # noqa: F401 - the fixture (installs Chromium)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -166,7 +167,8 @@ def _bench(sim: SimProcess, tmp_path: Path, *args: str, **popen: object) -> subp
 def test_command_prints_the_table_and_writes_every_request(tmp_path: Path) -> None:
     with SimProcess(first_token_delay=0.05, token_interval=0.01, tokens=10, concurrency="serialized") as sim:
         proc = _bench(sim, tmp_path, "--concurrency", "1,2", "--requests", "4", "--output-tokens", "10",
-                      "--slo", "ttft=0.1,tpot=0.05", "--json", str(tmp_path / "bench.json"))
+                      "--slo", "ttft=0.1,tpot=0.05", "--json", str(tmp_path / "bench.json"),
+                      "--html", str(tmp_path / "bench.html"))
         out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     assert "concurrency 1" in out and "concurrency 2" in out and "TTFT p50" in out
@@ -178,6 +180,49 @@ def test_command_prints_the_table_and_writes_every_request(tmp_path: Path) -> No
     assert len(first["requests"]) == 4 and all(r["output_tokens"] == 10 for r in first["requests"])
     traces = (tmp_path / "traces.jsonl").read_text()
     assert all(r["trace_id"] in traces for level in doc["levels"] for r in level["requests"])
+    assert doc["knee"] == 0  # a serialized runtime: the second level adds no throughput
+    from otel_llm.bench.html import render_html
+
+    assert (tmp_path / "bench.html").read_text() == render_html(doc)
+
+
+def test_html_report_renders_in_chromium(tmp_path: Path, chromium: str) -> None:
+    """The report of a run (two levels, an SLO, a knee) drawn by headless Chromium: both charts,
+    the knee and SLO marks, a line per series, no script, and pixels in the series' colours."""
+    from otel_llm.bench.html import COLORS, write_html
+    from tests.test_diagnose_html import _chromium, _read_png
+
+    def level(name: str, tput: float, ttft: float) -> dict[str, object]:
+        dist = lambda v: {"mean": v, "p50": v, "p90": v * 1.2, "p99": v * 1.5}  # noqa: E731
+        return {"level": name, "completed": 8, "failed": 0, "failures": {}, "request_throughput": tput / 20,
+                "output_throughput": tput, "total_token_throughput": tput * 3, "ttft": dist(ttft),
+                "tpot": dist(0.02), "itl": dist(0.02), "e2el": dist(ttft + 0.4), "goodput": tput / 25,
+                "meets_slo": ttft < 0.5}
+    doc = {"configuration": {"url": "http://127.0.0.1:8000", "model": "m<x>", "api": "openai",
+                             "slo": {"ttft": 0.5, "tpot": 0.05}},
+           "levels": [level("concurrency 1", 100, 0.1), level("concurrency 2", 190, 0.2),
+                      level("concurrency 4", 200, 0.9)], "knee": 1}
+    report = tmp_path / "bench.html"
+    write_html(doc, report)
+    dom = _chromium(chromium, tmp_path, "--dump-dom", report.as_uri())
+    assert dom.returncode == 0, dom.stderr
+    html = dom.stdout
+    assert html.count('data-chart="latency"') == 1 and html.count('data-chart="throughput"') == 1
+    assert html.count('class="knee"') == 4 and html.count('class="slo"') == 2
+    assert "<script" not in html.lower() and "m&lt;x&gt;" in html and "concurrency 2" in html
+    assert html.count('<path class="line"') == 10  # 3 + 3 latency series, 2 + 2 throughput series
+    shot = tmp_path / "shot.png"
+    proc = _chromium(chromium, tmp_path, f"--screenshot={shot}", report.as_uri())
+    assert shot.exists(), proc.stdout + proc.stderr
+    _, _, rows = _read_png(shot)
+    wanted = [tuple(int(c[i:i + 2], 16) for i in (1, 3, 5)) for c in COLORS[:3]]
+    hits = [0] * len(wanted)
+    for row in rows:
+        for x in range(0, len(row), 3):
+            for n, (r, g, b) in enumerate(wanted):
+                if abs(row[x] - r) <= 6 and abs(row[x + 1] - g) <= 6 and abs(row[x + 2] - b) <= 6:
+                    hits[n] += 1
+    assert all(h > 100 for h in hits), hits
 
 
 def test_ctrl_c_stops_cleanly_and_writes_what_was_measured(tmp_path: Path) -> None:

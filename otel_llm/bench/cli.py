@@ -75,6 +75,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="share of a level's requests that must meet the SLO (default 0.9)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the open loop's arrivals (default 0)")
     parser.add_argument("--json", metavar="FILE", help="write the configuration and every request's figures here")
+    parser.add_argument("--html", metavar="FILE",
+                        help="write a self-contained HTML report: latency and throughput against load, the knee "
+                             "and the SLO marked")
     parser.add_argument("--auth-env", metavar="VAR",
                         help="environment variable holding a token sent as 'Authorization: Bearer ...'")
     parser.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS",
@@ -222,9 +225,16 @@ def run(args: argparse.Namespace) -> int:
     for line in [w for s in summaries for w in warnings(s)]:
         say("warning: " + line)
     _conclusions(summaries, args, say)
+    doc = _document(args, workload, detection, started, results, summaries)
     if args.json:
-        _write_json(args, workload, detection, started, results, summaries)
+        with open(args.json, "w") as out:
+            json.dump(doc, out, indent=1, default=str)
         say(f"wrote {args.json}")
+    if args.html:
+        from otel_llm.bench.html import write_html
+
+        write_html(doc, args.html)
+        say(f"wrote {args.html}")
     return 130 if interrupted else 0
 
 
@@ -239,9 +249,10 @@ def _conclusions(summaries: list[dict[str, Any]], args: argparse.Namespace, say:
             + (meeting[-1]["level"] if meeting else "none"))
 
 
-def _write_json(args: argparse.Namespace, workload: Workload, detection: Any, started: float,
-                results: list[LevelResult], summaries: list[dict[str, Any]]) -> None:
-    doc = {
+def _document(args: argparse.Namespace, workload: Workload, detection: Any, started: float,
+              results: list[LevelResult], summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """What --json writes (and --html draws): the configuration, each level and its requests."""
+    return {
         "tool": "otel-llm bench", "started": started,
         "configuration": {
             "url": args.url, "api": workload.api, "model": args.model, "runtime": detection.runtime,
@@ -258,5 +269,3 @@ def _write_json(args: argparse.Namespace, workload: Workload, detection: Any, st
                    for summary, result in zip(summaries, results)],
         "knee": knee(summaries),
     }
-    with open(args.json, "w") as out:
-        json.dump(doc, out, indent=1, default=str)

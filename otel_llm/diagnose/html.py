@@ -10,8 +10,10 @@ from __future__ import annotations
 import os
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from html import escape
 from typing import Any
+
+from otel_llm._report import CSS, document, nice_max as _nice_max, svg_open as _svg_open, ticks as _ticks
+from otel_llm._report import escape_attr as _e
 
 __all__ = ["PHASE_COLORS", "render_html", "write_html"]
 
@@ -33,37 +35,7 @@ WARM_COLOR = "#2b7bb9"
 RATE_COLOR = "#3f9a6b"
 EVAL_COLOR = "#e0823d"
 
-CSS = """
-body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,Helvetica,Arial,sans-serif;margin:24px;color:#1d232a;
-background:#fff;max-width:1150px}
-h1{font-size:24px;margin:0 0 4px}h2{font-size:20px;margin:32px 0 8px;border-bottom:2px solid #dde3ea;padding-bottom:4px}
-h3{font-size:16px;margin:18px 0 6px}
-table{border-collapse:collapse;margin:6px 0 12px;font-size:13px}
-th,td{border:1px solid #d5dbe2;padding:3px 8px;text-align:left;vertical-align:top}
-th{background:#eef2f6}
-td.num{text-align:right;font-variant-numeric:tabular-nums}
-.verdict{border:1px solid #d5dbe2;border-left:6px solid #c8553d;border-radius:4px;padding:6px 10px;margin:8px 0;
-background:#fbf7f5}
-.verdict.info{border-left-color:#2b7bb9;background:#f4f8fb}
-.badge{display:inline-block;font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px;font-weight:600;
-color:#fff;background:#c8553d;border-radius:3px;padding:1px 6px;margin-right:6px}
-.badge.secondary{background:#6d7a88}
-.muted{color:#5d6874;font-size:13px}
-.charts{display:flex;flex-wrap:wrap;gap:16px}
-svg.chart{border:1px solid #e1e6ec;border-radius:4px;background:#fff}
-svg.chart text{font-family:system-ui,Helvetica,Arial,sans-serif;font-size:11px;fill:#1d232a}
-svg.chart .title{font-size:13px;font-weight:600}
-svg.chart .axis{stroke:#9aa3ad;stroke-width:1}
-svg.chart .grid{stroke:#eef1f4;stroke-width:1}
-code{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px}
-"""
-
-
 # ---------------------------------------------------------------- formatting
-
-def _e(value: Any) -> str:
-    return escape(str(value), quote=True)
-
 
 def _num(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
@@ -96,27 +68,6 @@ def _fmt_any(value: Any) -> str:
 def _median(values: Iterable[Any]) -> float | None:
     present = [v for v in (_num(x) for x in values) if v is not None]
     return statistics.median(present) if present else None
-
-
-def _nice_max(value: float) -> float:
-    """A round axis maximum >= value."""
-    if value <= 0:
-        return 1.0
-    exp = 10 ** int(f"{value:e}".split("e")[1])
-    for step in (1, 2, 2.5, 5, 10):
-        if step * exp >= value:
-            return step * exp
-    return 10 * exp
-
-
-def _ticks(top: float, n: int = 4) -> list[float]:
-    return [top * i / n for i in range(n + 1)]
-
-
-def _svg_open(kind: str, width: int, height: int, title: str, label: str) -> list[str]:
-    return [f'<svg class="chart" data-chart="{_e(kind)}" width="{width}" '
-            f'height="{height}" viewBox="0 0 {width} {height}" role="img" aria-label="{_e(label)}">',
-            f'<text class="title" x="10" y="18">{_e(title)}</text>']
 
 
 # ---------------------------------------------------------------- trials
@@ -504,9 +455,7 @@ def render_html(record: Mapping[str, Any]) -> str:
     if len(targets) > 1:
         body += ["<h2>target comparison</h2>", _comparison_table(targets)]
     body += [_target_html(t, i + 1) for i, t in enumerate(targets)]
-    return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-            f"<title>{_e(title)}</title>\n<style>{CSS}</style>\n</head>\n<body>\n"
-            + "\n".join(body) + "\n</body>\n</html>\n")
+    return document(title, body)
 
 
 def write_html(record: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
