@@ -186,7 +186,7 @@ def test_command_prints_the_table_and_writes_every_request(tmp_path: Path) -> No
     assert (tmp_path / "bench.html").read_text() == render_html(doc)
 
 
-def test_html_report_renders_in_chromium(tmp_path: Path, chromium: str) -> None:
+def test_html_report_renders_in_chromium(tmp_path: Path, chromium: str) -> None:  # noqa: F811
     """The report of a run (two levels, an SLO, a knee) drawn by headless Chromium: both charts,
     the knee and SLO marks, a line per series, no script, and pixels in the series' colours."""
     from otel_llm.bench.html import COLORS, write_html

@@ -12,7 +12,7 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from otel_llm._report import CSS, document, nice_max as _nice_max, svg_open as _svg_open, ticks as _ticks
+from otel_llm._report import document, nice_max as _nice_max, svg_open as _svg_open, ticks as _ticks
 from otel_llm._report import escape_attr as _e
 
 __all__ = ["PHASE_COLORS", "render_html", "write_html"]
