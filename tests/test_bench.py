@@ -279,3 +279,18 @@ def test_token_chunks_of_a_real_vllm_stream_are_counted_as_its_bench_counts() ->
     assert record.ttft == 2.0 and len(record.itl) == len(stream.token_times) - 1
     usage = next(e["usage"] for e in events if e.get("usage"))
     assert record.output_tokens == usage["completion_tokens"] and record.input_tokens == usage["prompt_tokens"]
+
+
+def test_the_runtimes_own_figures_stand_beside_the_clients(tmp_path: Path) -> None:
+    """A llama.cpp-flavoured simulator reports ``timings``: each request's record carries the
+    runtime's generation rate (1 / token interval), the level its percentiles, the row its p50."""
+    with SimProcess(runtime="llama.cpp", first_token_delay=0.05, token_interval=0.01, tokens=12) as sim:
+        proc = _bench(sim, tmp_path, "--concurrency", "2", "--requests", "4", "--output-tokens", "12",
+                      "--json", str(tmp_path / "bench.json"))
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    (level,) = json.loads((tmp_path / "bench.json").read_text())["levels"]
+    assert level["native"]["runtime"] == ["llama.cpp"]
+    assert level["native"]["generation_rate"]["p50"] == pytest.approx(100, rel=0.15)
+    assert all(r["native"]["llm.runtime.generation_tokens"] == 12 for r in level["requests"])
+    assert "runtime 1" in out  # "runtime 100.x tok/s" (or 9x) beside the client's figures

@@ -120,7 +120,11 @@ def test_streamed_calls_reach_phoenix_as_one_tree_per_call(phoenix: PhoenixServe
         ttfb, ttft = attrs[sc.LLM_CLIENT_TIME_TO_FIRST_BYTE], attrs[sc.LLM_CLIENT_TIME_TO_FIRST_TOKEN]
         assert HEADERS_DELAY * 0.8 <= ttfb < ttft
         assert ttft >= (HEADERS_DELAY + FIRST_TOKEN_DELAY) * 0.8
-        assert attrs[sc.LLM_CLIENT_GENERATION_DURATION] >= (TOKENS - 1) * TOKEN_INTERVAL * 0.8
+        # the simulator keeps to its plan: a first token that comes late (a busy machine) leaves a
+        # shorter decode, but the last token never comes before its planned time
+        planned_last = HEADERS_DELAY + FIRST_TOKEN_DELAY + (TOKENS - 1) * TOKEN_INTERVAL
+        assert ttft + attrs[sc.LLM_CLIENT_GENERATION_DURATION] >= planned_last - 0.002
+        assert attrs[sc.LLM_CLIENT_GENERATION_DURATION] > 0
 
         kids = _children(spans, call)
         assert all(k["context"]["trace_id"] == trace_id for k in kids)

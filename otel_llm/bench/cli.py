@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from otel_llm.bench.load import Level, LevelResult, run_level
+from otel_llm.bench.native import NativeCollector
 from otel_llm.bench.stats import knee, parse_slo, summarize
 from otel_llm.bench.workload import APIS, Workload, prompt_with
 
@@ -101,6 +102,9 @@ def row(s: dict[str, Any]) -> str:
             f"{_num(s['output_throughput']):>9} {_ms(s['ttft']['p50']):>9} {_ms(s['ttft']['p99']):>8} "
             f"{_ms(s['tpot']['p50']):>9} {_ms(s['tpot']['p99']):>7} {_ms(s['itl']['p99']):>8} "
             f"{_ms(s['e2el']['p50']):>9}")
+    rate = (s.get("native") or {}).get("generation_rate")
+    if rate:
+        line += f"  runtime {_num(rate['p50'])} tok/s"
     if "goodput" in s:
         line += f"  goodput {_num(s['goodput'], 2)}/s {'meets SLO' if s['meets_slo'] else 'misses SLO'}"
     return line
@@ -190,14 +194,20 @@ def run(args: argparse.Namespace) -> int:
     workload = Workload(args.url, api, args.model, args.prompt_tokens, args.output_tokens, timeout=args.timeout)
     options = {"console_summary": False, "host_metrics": False, "gpu_metrics": False}
     providers = build_providers(resolve(options))
-    runtimes = {server_root(args.url): detection.runtime} if detection.runtime else None
+    # a runtime proven by its routes (vLLM, whose answers do not say) is named to the instrumentation,
+    # unless --api says the server is spoken to as something else than what was detected
+    proven = detection.runtime if detection.runtime and detection.api == api else None
+    runtimes = {server_root(args.url): proven} if proven else None
     otel_llm.instrument(**options, tracer_provider=providers.tracer_provider,
                         meter_provider=providers.meter_provider, **({"runtimes": runtimes} if runtimes else {}))
     tracer = providers.tracer_provider.get_tracer("otel_llm.bench")
+    natives = NativeCollector()
+    if hasattr(providers.tracer_provider, "add_span_processor"):  # an SDK provider: the runtime's figures
+        providers.tracer_provider.add_span_processor(natives)
     results: list[LevelResult] = []
     started = time.time()
     try:
-        say(f"otel-llm bench {args.url} (api {api}, runtime {detection.runtime or 'not proven'}, model "
+        say(f"otel-llm bench {args.url} (api {api}, runtime {proven or 'not proven'}, model "
             f"{args.model}): prompt ~{args.prompt_tokens} tokens, output {args.output_tokens} tokens, streamed")
         workload, note = calibrate(workload, headers, tracer, args.seconds)
         say(note)
@@ -208,6 +218,8 @@ def run(args: argparse.Namespace) -> int:
         for level in _levels_of(args):
             result = run_level(level, workload, headers, seed=args.seed, tracer=tracer,
                                progress=_progress(level.label, level.requests, sys.stderr))
+            for record in result.records:
+                record.native = natives.take(record.trace_id)
             results.append(result)
             say(row(summarize(result, args.slo, args.slo_attainment)))
             if result.interrupted:

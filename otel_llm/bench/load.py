@@ -60,6 +60,7 @@ class RequestRecord:
     failure: str | None = None  # None | http_<status> | timeout | broken_stream | unreachable | error
     detail: str | None = None
     trace_id: str | None = None
+    native: dict[str, Any] = field(default_factory=dict)  # the runtime's own llm.runtime.* figures
 
     @property
     def ok(self) -> bool:

@@ -99,12 +99,37 @@ def summarize(result: LevelResult, slo: Mapping[str, float] | None = None,
         "e2el": _dist([r.e2el for r in ok if r.e2el is not None]),
         "lag": _dist(lags), "generator_cpu_share": result.cpu_share, "stopped": result.stopped,
     }
+    native = _native(ok)
+    if native:
+        summary["native"] = native
     if slo:
         good = [r for r in ok if meets(r, slo)]
         summary["goodput"] = len(good) / duration if duration > 0 else None
         summary["slo_attainment"] = len(good) / len(records) if records else None
         summary["meets_slo"] = bool(records) and len(good) >= attainment * len(records)
     return summary
+
+
+# the runtime's own figures a level summarizes (its records keep every llm.runtime.* they got)
+NATIVE_SUMMARY = {
+    "queue_duration": "llm.runtime.queue_duration", "load_duration": "llm.runtime.load_duration",
+    "prompt_eval_duration": "llm.runtime.prompt_eval_duration", "prompt_eval_rate": "llm.runtime.prompt_eval_rate",
+    "generation_rate": "llm.runtime.generation_rate", "total_duration": "llm.runtime.total_duration",
+}
+
+
+def _native(records: Sequence[RequestRecord]) -> dict[str, Any]:
+    """Per figure the runtime reported: mean and percentiles over the requests that have it."""
+    out: dict[str, Any] = {}
+    names = {r.native.get("llm.runtime.name") for r in records} - {None}
+    if names:
+        out["runtime"] = sorted(str(n) for n in names)
+    for name, key in NATIVE_SUMMARY.items():
+        values = [float(v) for r in records if isinstance(v := r.native.get(key), (int, float))
+                  and not isinstance(v, bool) and math.isfinite(v)]
+        if values:
+            out[name] = _dist(values)
+    return out
 
 
 def knee(summaries: Sequence[Mapping[str, Any]]) -> int | None:

@@ -200,16 +200,12 @@ def _diagnosis(attrs: Mapping[str, Any]) -> list[str]:
     return parts
 
 
+_CLIENT_TIMES = (("ttfb", sc.LLM_CLIENT_TIME_TO_FIRST_BYTE), ("ttft", sc.LLM_CLIENT_TIME_TO_FIRST_TOKEN),
+                 ("decode", sc.LLM_CLIENT_GENERATION_DURATION))
+
+
 def _measurements(attrs: Mapping[str, Any]) -> list[str]:
-    parts = []
-    for label, key in (("ttfb", sc.LLM_CLIENT_TIME_TO_FIRST_BYTE), ("ttft", sc.LLM_CLIENT_TIME_TO_FIRST_TOKEN),
-                       ("decode", sc.LLM_CLIENT_GENERATION_DURATION)):
-        value = finite_number(attrs.get(key))
-        if value is not None:
-            parts.append(f"{label} {format_duration(value)}")
-    tin, tout = attrs.get(sc.GEN_AI_USAGE_INPUT_TOKENS), attrs.get(sc.GEN_AI_USAGE_OUTPUT_TOKENS)
-    if tin is not None or tout is not None:
-        parts.append(f"tokens in {'?' if tin is None else tin} / out {'?' if tout is None else tout}")
+    parts = _durations_and_tokens(attrs, _CLIENT_TIMES, sc.GEN_AI_USAGE_INPUT_TOKENS, sc.GEN_AI_USAGE_OUTPUT_TOKENS)
     rate = finite_number(attrs.get(sc.LLM_CLIENT_GENERATION_RATE))
     if rate is not None:
         parts.append(f"{rate:.1f} tok/s")
@@ -303,12 +299,18 @@ _SERVED = (("queue", sc.VLLM_TIME_IN_QUEUE), ("prefill", sc.VLLM_TIME_IN_PREFILL
 
 def _served(attrs: Mapping[str, Any]) -> list[str]:
     """The latencies and token counts a runtime's own span carries."""
+    return _durations_and_tokens(attrs, _SERVED, sc.VLLM_PROMPT_TOKENS, sc.VLLM_COMPLETION_TOKENS)
+
+
+def _durations_and_tokens(attrs: Mapping[str, Any], durations: tuple[tuple[str, str], ...], input_key: str,
+                          output_key: str) -> list[str]:
+    """``label duration`` for each present duration attribute, then ``tokens in N / out M``."""
     parts = []
-    for label, key in _SERVED:
+    for label, key in durations:
         value = finite_number(attrs.get(key))
         if value is not None:
             parts.append(f"{label} {format_duration(value)}")
-    tin, tout = attrs.get(sc.VLLM_PROMPT_TOKENS), attrs.get(sc.VLLM_COMPLETION_TOKENS)
+    tin, tout = attrs.get(input_key), attrs.get(output_key)
     if tin is not None or tout is not None:
         parts.append(f"tokens in {'?' if tin is None else tin} / out {'?' if tout is None else tout}")
     return parts

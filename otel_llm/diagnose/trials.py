@@ -224,15 +224,7 @@ class TrialRunner:
         spans = list(self.exporter.get_finished_spans())
         calls = [s for s in spans if s.kind == SpanKind.CLIENT and s.parent is not None
                  and s.parent.span_id == parent_id]
-        if not calls:
-            return
-        call = max(calls, key=lambda span: span.start_time or 0)  # the attempt that counted
-        children = [s for s in spans if s.parent is not None and s.parent.span_id == call.context.span_id]
-        error, status = trial.error, trial.status
-        trial_from_spans(trial, call, children)
-        trial.error = error
-        if status is not None:
-            trial.status = status
+        _fill_from_calls(trial, calls, spans)
 
     def concurrent(self, level: int) -> list[Trial]:
         """``level`` requests released together by the bench's load core, in start order."""
@@ -254,15 +246,22 @@ class TrialRunner:
             trial.detail = self.redact(record.detail or record.failure)
         calls = [s for s in spans if s.kind == SpanKind.CLIENT and record.trace_id is not None
                  and format(s.context.trace_id, "032x") == record.trace_id]
-        if calls:
-            call = max(calls, key=lambda s: s.start_time or 0)
-            children = [s for s in spans if s.parent is not None and s.parent.span_id == call.context.span_id]
-            error, status = trial.error, trial.status
-            trial_from_spans(trial, call, children)
-            trial.error = error
-            if status is not None:
-                trial.status = status
+        _fill_from_calls(trial, calls, spans)
         return trial
+
+
+def _fill_from_calls(trial: Trial, calls: list[ReadableSpan], spans: list[ReadableSpan]) -> None:
+    """Fill ``trial`` from the last of its model-call spans (the attempt that counted); the error
+    and status the request itself saw are kept."""
+    if not calls:
+        return
+    call = max(calls, key=lambda span: span.start_time or 0)
+    children = [s for s in spans if s.parent is not None and s.parent.span_id == call.context.span_id]
+    error, status = trial.error, trial.status
+    trial_from_spans(trial, call, children)
+    trial.error = error
+    if status is not None:
+        trial.status = status
 
 
 _ERRORS = {"timeout": "timeout", "unreachable": "unreachable", "broken_stream": "error", "error": "error"}
