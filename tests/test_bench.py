@@ -294,3 +294,44 @@ def test_the_runtimes_own_figures_stand_beside_the_clients(tmp_path: Path) -> No
     assert level["native"]["generation_rate"]["p50"] == pytest.approx(100, rel=0.15)
     assert all(r["native"]["llm.runtime.generation_tokens"] == 12 for r in level["requests"])
     assert "runtime 1" in out  # "runtime 100.x tok/s" (or 9x) beside the client's figures
+
+
+def test_the_token_never_reaches_the_output_or_the_json(tmp_path: Path) -> None:
+    """--auth-env: the token is sent, and a server that echoes it in its error leaves no trace of it
+    in the table, the warnings or the JSON."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Echo(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802 - detection probes: nothing here
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            body = f'{{"error": "bad key {self.headers.get("Authorization")}"}}'.encode()
+            self.send_response(401)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        env = clean_env(OTEL_LLM_TRACES_FILE=str(tmp_path / "traces.jsonl"), PYTHONPATH=str(REPO),
+                        BENCH_TOKEN="sk-very-secret-1234")
+        done = subprocess.run([sys.executable, "-m", "otel_llm.cli.main", "bench", f"http://127.0.0.1:{server.server_port}",
+                               "--model", "m", "--api", "openai", "--auth-env", "BENCH_TOKEN", "--concurrency", "1",
+                               "--requests", "2", "--warmup", "0", "--json", str(tmp_path / "bench.json")],
+                              env=env, cwd=tmp_path, text=True, capture_output=True, timeout=120)
+    finally:
+        server.shutdown()
+    assert done.returncode == 0, done.stderr
+    (level,) = json.loads((tmp_path / "bench.json").read_text())["levels"]
+    assert level["failures"] == {"http_401": 2} and "bad key Bearer ***" in level["requests"][0]["detail"]
+    for text in (done.stdout, done.stderr, (tmp_path / "bench.json").read_text(), (tmp_path / "traces.jsonl").read_text()):
+        assert "sk-very-secret-1234" not in text

@@ -176,3 +176,42 @@ def test_standard_capture_variable_in_subprocess(sim, tmp_path: Path) -> None:
     assert COMPLETION in attrs[sc.GEN_AI_OUTPUT_MESSAGES]
     _check_url_full(attrs[sc.URL_FULL])
     assert _leaks([path.read_text(), result.stderr, result.stdout], FORBIDDEN) == []
+
+
+def test_a_credential_echoed_in_an_error_body_is_masked(otel: Otel) -> None:
+    """A server that quotes the caller's key back in its error JSON ("invalid key sk-...") leaves no
+    key on the span: every credential the request carried is masked in the recorded message, for
+    httpx's and requests' header containers alike."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import requests
+
+    class Echo(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            quoted = " ".join(str(self.headers.get(h)) for h in ("Authorization", "api-key", "x-api-key"))
+            body = json.dumps({"error": {"message": f"invalid credentials: {quoted}"}}).encode()
+            self.send_response(401)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}/v1/chat/completions"
+    try:
+        with httpx.Client(headers=HEADERS, timeout=10) as client:
+            assert client.post(url, json=_body(False)).status_code == 401
+        assert requests.post(url, json=_body(False), headers=HEADERS, timeout=10).status_code == 401
+    finally:
+        server.shutdown()
+    calls = otel.calls()
+    assert len(calls) == 2
+    for call in calls:
+        assert call.status.description == "invalid credentials: *** *** ***", call.status.description
+    assert _leaks([json.loads(span.to_json()) for span in otel.spans()], SECRETS[:3]) == []

@@ -180,6 +180,7 @@ def run(args: argparse.Namespace) -> int:
 
     say: Callable[[str], None] = lambda text: print(text, flush=True)  # noqa: E731
     headers: dict[str, str] = {}
+    secret = None
     if args.auth_env:
         secret = os.environ.get(args.auth_env)
         if not secret:
@@ -220,6 +221,8 @@ def run(args: argparse.Namespace) -> int:
                                progress=_progress(level.label, level.requests, sys.stderr))
             for record in result.records:
                 record.native = natives.take(record.trace_id)
+                if secret and record.detail:  # an error body may echo the caller's header
+                    record.detail = record.detail.replace(secret, "***")
             results.append(result)
             say(row(summarize(result, args.slo, args.slo_attainment)))
             if result.interrupted:

@@ -288,6 +288,10 @@ class Telemetry:
 
 
 _SYNTHESIZED = {sc.LLM_SYNTHESIZED: True}
+# request headers whose values are credentials: a server that echoes one in its error message
+# (an invalid key quoted back) must not put it on the span
+_CREDENTIAL_HEADERS = ("authorization", "proxy-authorization", "x-api-key", "api-key")
+_MIN_SECRET = 6  # shorter values are not searched for (they would mask ordinary words)
 _SYNTHESIZED_NAMES = frozenset({sc.SPAN_RUNTIME_QUEUE, sc.SPAN_RUNTIME_LOAD, sc.SPAN_RUNTIME_PREFILL,
                                 sc.SPAN_RUNTIME_DECODE})
 
@@ -361,9 +365,27 @@ def _error_type(call: LlmCall) -> str | None:
     return None
 
 
+def _scrubbed(message: str, headers: Any) -> str:
+    """``message`` with every credential the request carried (whole, or after its scheme such as
+    ``Bearer``) replaced by ``***``."""
+    for name in _CREDENTIAL_HEADERS:
+        try:
+            value = headers.get(name)
+        except Exception:  # noqa: BLE001 - an odd header container
+            continue
+        if isinstance(value, bytes):
+            value = value.decode("latin-1")
+        if not isinstance(value, str):
+            continue
+        for secret in (value, value.partition(" ")[2].strip()):
+            if len(secret) >= _MIN_SECRET:
+                message = message.replace(secret, "***")
+    return message
+
+
 def _error_message(call: LlmCall, response: ResponseInfo | None) -> str:
     if response is not None and response.error:
-        return response.error
+        return _scrubbed(response.error, call.request.headers)
     if call.exception is not None:
         return type(call.exception).__name__
     return f"HTTP {call.status}"
