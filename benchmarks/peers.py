@@ -418,7 +418,9 @@ class Figures:
         return [(a - b) / d for a, b, d in zip(cpu_long, cpu_short, chunks) if d > 0]
 
     def ratio(self, ours: list[float], theirs: list[float]) -> tuple[float | None, list[float]]:
-        pairs = sorted(a / b for a, b in zip(ours, theirs) if b > 0)
+        """The median of per-round ratios, over the rounds where both sides added CPU: a round in
+        which noise outweighed one side's cost (a figure <= 0) has no meaningful ratio."""
+        pairs = sorted(a / b for a, b in zip(ours, theirs) if a > 0 and b > 0)
         return (statistics.median(pairs) if pairs else None), pairs
 
     def probe(self, config: str, workload: str) -> dict[str, Any]:
