@@ -170,6 +170,7 @@ def test_command_prints_the_table_and_writes_every_request(tmp_path: Path) -> No
                       "--slo", "ttft=0.1,tpot=0.05", "--json", str(tmp_path / "bench.json"),
                       "--html", str(tmp_path / "bench.html"))
         out, err = proc.communicate(timeout=120)
+        sim_pid = sim.pid
     assert proc.returncode == 0, err
     assert "concurrency 1" in out and "concurrency 2" in out and "TTFT p50" in out
     assert "highest load meeting the SLO (ttft <= 100 ms, tpot <= 50 ms, 90% of requests): concurrency 1" in out
@@ -181,6 +182,10 @@ def test_command_prints_the_table_and_writes_every_request(tmp_path: Path) -> No
     traces = (tmp_path / "traces.jsonl").read_text()
     assert all(r["trace_id"] in traces for level in doc["levels"] for r in level["requests"])
     assert doc["knee"] == 0  # a serialized runtime: the second level adds no throughput
+    memory = first["runtime_memory"]  # the simulator's own process, watched through the level
+    assert memory["pids"] == [sim_pid] and memory["samples"] >= 2
+    assert 10 * 2**20 < memory["peak_rss_bytes"] < 2 * 2**30 and memory["peak_gpu_memory_bytes"] is None
+    assert "peak RSS" in out and f"{sim_pid}" in doc["configuration"]["runtime_processes"]
     from otel_llm.bench.html import render_html
 
     assert (tmp_path / "bench.html").read_text() == render_html(doc)

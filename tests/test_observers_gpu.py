@@ -237,6 +237,13 @@ def test_process_memory_for_given_pids(nvml: FakeNvml, rig: Rig) -> None:
     assert dict(metric.data.data_points[0].attributes).keys() == {*DEV0, "process.pid"}
 
 
+def test_process_memory_read_sums_the_devices(nvml: FakeNvml) -> None:
+    observer = GpuObserver.create(MeterProvider().get_meter("t"))
+    assert observer is not None
+    assert observer.process_memory({100, 200, 300, 999}) == {100: 4 * GIB, 200: 512 << 20}
+    assert observer.process_memory(set()) == {}
+
+
 def test_sample(nvml: FakeNvml) -> None:
     observer = GpuObserver.create(MeterProvider().get_meter("t"))
     assert observer is not None

@@ -6,16 +6,17 @@ import argparse
 import dataclasses
 import json
 import math
-import os
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from otel_llm.bench.load import Level, LevelResult, run_level
+from otel_llm.bench.memory import MemoryWatch
 from otel_llm.bench.native import NativeCollector
 from otel_llm.bench.stats import knee, parse_slo, summarize
 from otel_llm.bench.workload import APIS, Workload, prompt_with
+from otel_llm.cli._auth import Auth, add_auth_argument, read_auth
 
 __all__ = ["add_arguments", "run"]
 
@@ -79,8 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--html", metavar="FILE",
                         help="write a self-contained HTML report: latency and throughput against load, the knee "
                              "and the SLO marked")
-    parser.add_argument("--auth-env", metavar="VAR",
-                        help="environment variable holding a token sent as 'Authorization: Bearer ...'")
+    add_auth_argument(parser)
     parser.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS",
                         help="per-request timeout (default 120)")
 
@@ -105,6 +105,12 @@ def row(s: dict[str, Any]) -> str:
     rate = (s.get("native") or {}).get("generation_rate")
     if rate:
         line += f"  runtime {_num(rate['p50'])} tok/s"
+    rss = (s.get("runtime_memory") or {}).get("peak_rss_bytes")
+    if rss:
+        line += f"  peak RSS {rss / 2**20:.0f} MiB"
+    gpu = (s.get("runtime_memory") or {}).get("peak_gpu_memory_bytes")
+    if gpu is not None:
+        line += f"  GPU {gpu / 2**20:.0f} MiB"
     if "goodput" in s:
         line += f"  goodput {_num(s['goodput'], 2)}/s {'meets SLO' if s['meets_slo'] else 'misses SLO'}"
     return line
@@ -128,25 +134,25 @@ def warnings(s: dict[str, Any]) -> list[str]:
     return out
 
 
-CALIBRATION_SENTENCES = (2, 10)  # filler sentences of the two calibration requests
+CALIBRATION_WORDS = (16, 160)  # filler words of the two calibration requests
 
 
 def calibrate(workload: Workload, headers: dict[str, str], tracer: Any, seconds: float) -> tuple[Workload, str]:
-    """Fit the runtime's tokens per filler sentence from two short unrecorded requests, so the
+    """Fit the runtime's tokens per filler word from two short unrecorded requests, so the
     prompt has about ``prompt_tokens`` tokens as the runtime counts them (chat template included).
     Without a prompt count from the runtime, the estimate stays (said so)."""
     counts = []
-    for sentences in CALIBRATION_SENTENCES:
-        probe = dataclasses.replace(workload, prompt=prompt_with(sentences), output_tokens=2, exact_output=False)
+    for words in CALIBRATION_WORDS:
+        probe = dataclasses.replace(workload, prompt=prompt_with(words), output_tokens=2, exact_output=False)
         record = run_level(Level(concurrency=1, requests=1, seconds=seconds), probe, headers, tracer=tracer).records
         counts.append(record[0].input_tokens if record else None)
-    (n1, n2), (c1, c2) = CALIBRATION_SENTENCES, counts
+    (n1, n2), (c1, c2) = CALIBRATION_WORDS, counts
     if c1 is None or c2 is None or c2 <= c1:
         return workload, "prompt length: not calibrated (the runtime reports no prompt token count)"
     per = (c2 - c1) / (n2 - n1)
-    calibrated = dataclasses.replace(workload, sentence_tokens=per, base_tokens=c1 - n1 * per)
-    return calibrated, (f"prompt length: calibrated on the runtime's own counts ({per:.1f} tokens per filler "
-                        f"sentence, {c1 - n1 * per:.0f} for the rest)")
+    calibrated = dataclasses.replace(workload, word_tokens=per, base_tokens=c1 - n1 * per)
+    return calibrated, (f"prompt length: calibrated on the runtime's own counts ({per:.2f} tokens per filler "
+                        f"word, {c1 - n1 * per:.0f} for the rest)")
 
 
 def _progress(label: str, total: int, out: Any) -> Callable[[int], None]:
@@ -172,67 +178,107 @@ def _levels_of(args: argparse.Namespace) -> list[Level]:
             for c in (args.concurrency or [1, 2, 4, 8])]
 
 
+class _Session(NamedTuple):
+    """What one run sends with and records into."""
+
+    workload: Workload
+    detection: Any
+    auth: Auth
+    tracer: Any
+    natives: NativeCollector
+    memory: MemoryWatch
+
+
 def run(args: argparse.Namespace) -> int:
     import otel_llm
     from otel_llm.config import resolve
-    from otel_llm.diagnose.detect import detect, server_root
     from otel_llm.export.providers import build_providers
 
     say: Callable[[str], None] = lambda text: print(text, flush=True)  # noqa: E731
-    headers: dict[str, str] = {}
-    secret = None
-    if args.auth_env:
-        secret = os.environ.get(args.auth_env)
-        if not secret:
-            print(f"otel-llm bench: environment variable {args.auth_env} is not set or empty", file=sys.stderr)
-            return 2
-        headers["Authorization"] = f"Bearer {secret}"
+    auth = read_auth(args, "otel-llm bench")
+    if auth is None:
+        return 2
     if otel_llm.is_instrumented():
         print("otel-llm bench: otel_llm is already instrumented in this process", file=sys.stderr)
         return 2
-    detection = detect(args.url, headers)
-    api = args.api if args.api != "auto" else (detection.api or "openai")
-    workload = Workload(args.url, api, args.model, args.prompt_tokens, args.output_tokens, timeout=args.timeout)
     options = {"console_summary": False, "host_metrics": False, "gpu_metrics": False}
     providers = build_providers(resolve(options))
-    # a runtime proven by its routes (vLLM, whose answers do not say) is named to the instrumentation,
-    # unless --api says the server is spoken to as something else than what was detected
-    proven = detection.runtime if detection.runtime and detection.api == api else None
-    runtimes = {server_root(args.url): proven} if proven else None
-    otel_llm.instrument(**options, tracer_provider=providers.tracer_provider,
-                        meter_provider=providers.meter_provider, **({"runtimes": runtimes} if runtimes else {}))
-    tracer = providers.tracer_provider.get_tracer("otel_llm.bench")
-    natives = NativeCollector()
-    if hasattr(providers.tracer_provider, "add_span_processor"):  # an SDK provider: the runtime's figures
-        providers.tracer_provider.add_span_processor(natives)
-    results: list[LevelResult] = []
     started = time.time()
+    session = _instrument(args, auth, providers, options)
+    results: list[LevelResult] = []
     try:
-        say(f"otel-llm bench {args.url} (api {api}, runtime {proven or 'not proven'}, model "
-            f"{args.model}): prompt ~{args.prompt_tokens} tokens, output {args.output_tokens} tokens, streamed")
-        workload, note = calibrate(workload, headers, tracer, args.seconds)
-        say(note)
-        if args.warmup:
-            run_level(Level(concurrency=1, requests=args.warmup, seconds=args.seconds), workload, headers,
-                      tracer=tracer)
-        say(HEADER)
-        for level in _levels_of(args):
-            result = run_level(level, workload, headers, seed=args.seed, tracer=tracer,
-                               progress=_progress(level.label, level.requests, sys.stderr))
-            for record in result.records:
-                record.native = natives.take(record.trace_id)
-                if secret and record.detail:  # an error body may echo the caller's header
-                    record.detail = record.detail.replace(secret, "***")
-            results.append(result)
-            say(row(summarize(result, args.slo, args.slo_attainment)))
-            if result.interrupted:
-                break
+        session = _prepare(args, session, say)
+        results = _levels_run(args, session, say)
     except KeyboardInterrupt:  # between two levels, or in the warm-up
         if results:
             results[-1].interrupted = True
     finally:
         otel_llm.uninstrument()
         providers.shutdown()
+        session.memory.close()
+    return _report(args, session, started, results, say)
+
+
+def _instrument(args: argparse.Namespace, auth: Auth, providers: Any, options: dict[str, Any]) -> _Session:
+    """Detect the server, instrument this process as an application would be, and find the
+    server's processes to watch."""
+    import otel_llm
+    from otel_llm.diagnose.detect import detect, server_root
+
+    detection = detect(args.url, auth.headers)
+    api = args.api if args.api != "auto" else (detection.api or "openai")
+    workload = Workload(args.url, api, args.model, args.prompt_tokens, args.output_tokens, timeout=args.timeout)
+    # a runtime proven by its routes (vLLM, whose answers do not say) is named to the instrumentation,
+    # unless --api says the server is spoken to as something else than what was detected
+    proven = detection.runtime if detection.runtime and detection.api == api else None
+    runtimes = {server_root(args.url): proven} if proven else None
+    otel_llm.instrument(**options, tracer_provider=providers.tracer_provider,
+                        meter_provider=providers.meter_provider, **({"runtimes": runtimes} if runtimes else {}))
+    natives = NativeCollector()
+    if hasattr(providers.tracer_provider, "add_span_processor"):  # an SDK provider: the runtime's figures
+        providers.tracer_provider.add_span_processor(natives)
+    tracer = providers.tracer_provider.get_tracer("otel_llm.bench")
+    return _Session(workload, detection, auth, tracer, natives, MemoryWatch.of_server(args.url))
+
+
+def _prepare(args: argparse.Namespace, session: _Session, say: Callable[[str], None]) -> _Session:
+    runtime = session.detection.runtime if session.detection.api == session.workload.api else None
+    say(f"otel-llm bench {args.url} (api {session.workload.api}, runtime {runtime or 'not proven'}, model "
+        f"{args.model}): prompt ~{args.prompt_tokens} tokens, output {args.output_tokens} tokens, streamed")
+    say(f"runtime memory: {session.memory.describe()}")
+    workload, note = calibrate(session.workload, session.auth.headers, session.tracer, args.seconds)
+    say(note)
+    if args.warmup:
+        run_level(Level(concurrency=1, requests=args.warmup, seconds=args.seconds), workload,
+                  session.auth.headers, tracer=session.tracer)
+    return session._replace(workload=workload)
+
+
+def _levels_run(args: argparse.Namespace, session: _Session, say: Callable[[str], None]) -> list[LevelResult]:
+    """Each level in turn, a row printed as each ends; the list grows as they run (Ctrl-C keeps it)."""
+    results: list[LevelResult] = []
+    say(HEADER)
+    for level in _levels_of(args):
+        session.memory.start()
+        try:
+            result = run_level(level, session.workload, session.auth.headers, seed=args.seed, tracer=session.tracer,
+                               progress=_progress(level.label, level.requests, sys.stderr))
+        finally:
+            peak = session.memory.stop()
+        result.memory = peak.to_dict()
+        for record in result.records:
+            record.native = session.natives.take(record.trace_id)
+            if record.detail:
+                record.detail = session.auth.redact(record.detail)
+        results.append(result)
+        say(row(summarize(result, args.slo, args.slo_attainment)))
+        if result.interrupted:
+            break
+    return results
+
+
+def _report(args: argparse.Namespace, session: _Session, started: float, results: list[LevelResult],
+            say: Callable[[str], None]) -> int:
     interrupted = bool(results) and results[-1].interrupted
     if interrupted:
         say("interrupted: the levels measured so far are reported")
@@ -240,7 +286,7 @@ def run(args: argparse.Namespace) -> int:
     for line in [w for s in summaries for w in warnings(s)]:
         say("warning: " + line)
     _conclusions(summaries, args, say)
-    doc = _document(args, workload, detection, started, results, summaries)
+    doc = _document(args, session, started, results, summaries)
     if args.json:
         with open(args.json, "w") as out:
             json.dump(doc, out, indent=1, default=str)
@@ -264,9 +310,10 @@ def _conclusions(summaries: list[dict[str, Any]], args: argparse.Namespace, say:
             + (meeting[-1]["level"] if meeting else "none"))
 
 
-def _document(args: argparse.Namespace, workload: Workload, detection: Any, started: float,
-              results: list[LevelResult], summaries: list[dict[str, Any]]) -> dict[str, Any]:
+def _document(args: argparse.Namespace, session: _Session, started: float, results: list[LevelResult],
+              summaries: list[dict[str, Any]]) -> dict[str, Any]:
     """What --json writes (and --html draws): the configuration, each level and its requests."""
+    workload, detection = session.workload, session.detection
     return {
         "tool": "otel-llm bench", "started": started,
         "configuration": {
@@ -276,6 +323,8 @@ def _document(args: argparse.Namespace, workload: Workload, detection: Any, star
             "mode": "rate" if args.rate else "concurrency", "requests_per_level": args.requests,
             "seconds_per_level": args.seconds, "warmup": args.warmup, "seed": args.seed,
             "max_concurrency": args.max_concurrency, "slo": args.slo, "slo_attainment": args.slo_attainment,
+            "prompt_word_tokens": workload.word_tokens, "prompt_base_tokens": workload.base_tokens,
+            "runtime_processes": session.memory.describe(),
             "definitions": "vllm bench serve: TTFT to the first content chunk, ITL every gap between content "
                            "chunks, TPOT = (E2EL - TTFT) / (output tokens - 1), goodput = requests/s meeting "
                            "every SLO",

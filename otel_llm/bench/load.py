@@ -108,6 +108,7 @@ class LevelResult:
     stopped: bool = False  # cut short (Ctrl-C, stop, or the time limit)
     interrupted: bool = False  # by Ctrl-C: no further level should run
     t0: float = 0.0
+    memory: dict[str, Any] | None = None  # the server's peak memory meanwhile, where it was watched
 
 
 class _Stream:

@@ -99,6 +99,8 @@ def summarize(result: LevelResult, slo: Mapping[str, float] | None = None,
         "e2el": _dist([r.e2el for r in ok if r.e2el is not None]),
         "lag": _dist(lags), "generator_cpu_share": result.cpu_share, "stopped": result.stopped,
     }
+    if result.memory is not None:
+        summary["runtime_memory"] = result.memory
     native = _native(ok)
     if native:
         summary["native"] = native

@@ -17,8 +17,9 @@ APIS = ("openai", "ollama", "llamacpp")
 # each flavour's route API id (otel_llm.parse.routes) and whether its stream is NDJSON (else SSE)
 STREAM_API = {"openai": (routes.API_OPENAI_CHAT, False), "ollama": (routes.API_OLLAMA_CHAT, True),
               "llamacpp": (routes.API_LLAMACPP_COMPLETION, False)}
-_SENTENCE = "the shipment left the harbour on time and reached the depot before noon."
-_TOKENS_PER_SENTENCE = 16  # about, for the tokenizers of the common small models, until calibrated
+_FILLER = ("the shipment left the harbour on time and reached the depot before noon while the crew "
+           "counted every crate twice and wrote the totals in the log").split()
+_TOKENS_PER_WORD = 1.3  # about, for the tokenizers of the common small models, until calibrated
 _BASE_TOKENS = 12
 _ASK = "Write a long story about the shipment."
 
@@ -51,19 +52,19 @@ def request_for(api: str, base_url: str, model: str, max_tokens: int, prompt: st
     raise ValueError(f"unknown api {api!r}; one of {APIS}")
 
 
-def prompt_with(sentences: int, nonce: str | None = None) -> str:
-    """A prompt of ``sentences`` filler sentences, opened by a random nonce so no two requests share
-    a cached prefix."""
+def prompt_with(words: int, nonce: str | None = None) -> str:
+    """A prompt of ``words`` filler words, opened by a random nonce so no two requests share a
+    cached prefix (a benchmark whose prompts hit the prefix cache measures the cache, not prefill)."""
     nonce = nonce or secrets.token_hex(4)
-    notes = " ".join(f"Note {i}: {_SENTENCE}" for i in range(max(0, sentences)))
-    return f"[{nonce}] {notes} {_ASK}".replace("  ", " ")
+    filler = " ".join(_FILLER[i % len(_FILLER)] for i in range(max(0, words)))
+    return f"[{nonce}] {filler} {_ASK}".replace("  ", " ")
 
 
-def prompt_of(tokens: int, nonce: str | None = None, sentence_tokens: float = _TOKENS_PER_SENTENCE,
+def prompt_of(tokens: int, nonce: str | None = None, word_tokens: float = _TOKENS_PER_WORD,
               base_tokens: float = _BASE_TOKENS) -> str:
-    """A prompt of about ``tokens`` tokens, for a tokenizer that counts ``sentence_tokens`` per
-    filler sentence and ``base_tokens`` for the rest (template included)."""
-    return prompt_with(round((tokens - base_tokens) / sentence_tokens), nonce)
+    """A prompt of about ``tokens`` tokens, for a tokenizer that counts ``word_tokens`` per filler
+    word and ``base_tokens`` for the rest (template included)."""
+    return prompt_with(round((tokens - base_tokens) / word_tokens), nonce)
 
 
 @dataclass(frozen=True)
@@ -78,13 +79,13 @@ class Workload:
     exact_output: bool = True
     timeout: float = 120.0
     prompt: str | None = None  # this prompt every time, instead of ~prompt_tokens with a fresh nonce
-    sentence_tokens: float = _TOKENS_PER_SENTENCE  # the runtime's tokens per filler sentence (calibrated)
+    word_tokens: float = _TOKENS_PER_WORD  # the runtime's tokens per filler word (calibrated)
     base_tokens: float = _BASE_TOKENS
 
     def request(self) -> tuple[str, dict[str, Any]]:
         """One request of the workload."""
         prompt = self.prompt if self.prompt is not None else prompt_of(
-            self.prompt_tokens, sentence_tokens=self.sentence_tokens, base_tokens=self.base_tokens)
+            self.prompt_tokens, word_tokens=self.word_tokens, base_tokens=self.base_tokens)
         return request_for(self.api, self.url, self.model, self.output_tokens, prompt, self.exact_output)
 
     @property

@@ -12,6 +12,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from otel_llm.cli._auth import add_auth_argument, read_auth
+
 from . import sweep
 from .authcheck import auth_check, auth_findings, auth_verdicts
 from .cold import ColdControl, cold_trials
@@ -56,8 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="2 warm trials, concurrency up to 2, 16 tokens")
     parser.add_argument("--json", metavar="FILE", help="write the run's configuration, results and verdicts here")
     parser.add_argument("--html", metavar="FILE", help="write a self-contained HTML report (charts) here")
-    parser.add_argument("--auth-env", metavar="VAR",
-                        help="environment variable holding a token sent as 'Authorization: Bearer ...'")
+    add_auth_argument(parser)
     parser.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS",
                         help="per-request timeout (default 120)")
 
@@ -80,21 +81,15 @@ def run(args: argparse.Namespace) -> int:
     import otel_llm
 
     say: Callable[[str], None] = lambda text: print(text, flush=True)  # noqa: E731
-    secret = None
-    if args.auth_env:
-        secret = os.environ.get(args.auth_env)
-        if not secret:
-            print(f"otel-llm diagnose: environment variable {args.auth_env} is not set or empty", file=sys.stderr)
-            return 2
-
-    def redact(text: str) -> str:
-        return text.replace(secret, "***") if secret else text
-
+    auth = read_auth(args, "otel-llm diagnose")
+    if auth is None:
+        return 2
+    secret, redact = auth.secret, auth.redact
     if otel_llm.is_instrumented():
         print("otel-llm diagnose: otel_llm is already instrumented in this process", file=sys.stderr)
         return 2
     settings = _settings(args)
-    headers = {"Authorization": f"Bearer {secret}"} if secret else {}
+    headers = auth.headers
 
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.trace import TracerProvider

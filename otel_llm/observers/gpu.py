@@ -306,14 +306,25 @@ class GpuObserver:
         if not wanted:
             return
         for device in self._live():
-            processes = self._read(device, "processes", "nvmlDeviceGetComputeRunningProcesses")
-            used: dict[int, int] = {}
-            for process in processes or ():
-                pid, memory = getattr(process, "pid", None), getattr(process, "usedGpuMemory", None)
-                if pid in wanted and memory is not None:
-                    used[pid] = used.get(pid, 0) + int(memory)
-            for pid, memory in used.items():
+            for pid, memory in self._used_by(device, wanted).items():
                 yield Observation(memory, {**device.attrs, PROCESS_PID: pid})
+
+    def process_memory(self, pids: set[int]) -> dict[int, int]:
+        """GPU memory (By) each of ``pids`` uses now, summed over the devices; absent pids use none."""
+        used: dict[int, int] = {}
+        for device in self._live():
+            for pid, memory in self._used_by(device, pids).items():
+                used[pid] = used.get(pid, 0) + memory
+        return used
+
+    def _used_by(self, device: _Device, pids: set[int]) -> dict[int, int]:
+        processes = self._read(device, "processes", "nvmlDeviceGetComputeRunningProcesses")
+        used: dict[int, int] = {}
+        for process in processes or ():
+            pid, memory = getattr(process, "pid", None), getattr(process, "usedGpuMemory", None)
+            if pid in pids and memory is not None:
+                used[pid] = used.get(pid, 0) + int(memory)
+        return used
 
     def _wanted_pids(self) -> set[int]:
         try:

@@ -40,6 +40,11 @@ class SimProcess(SimControl):
         self.startup_timeout = startup_timeout
         self._proc: subprocess.Popen[str] | None = None
 
+    @property
+    def pid(self) -> int | None:
+        """The child's pid while it runs."""
+        return self._proc.pid if self._proc is not None else None
+
     def command(self) -> list[str]:
         flags = ["--host", self.host, "--port", str(self.port), *self.config.to_cli_args()]
         return [sys.executable, "-m", "otel_llm.sim", *flags]
