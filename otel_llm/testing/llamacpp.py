@@ -152,6 +152,11 @@ class LlamaServer:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def pid(self) -> int | None:
+        """llama-server's pid while it runs."""
+        return self._proc.pid if self._proc is not None else None
+
     def command(self) -> list[str]:
         args = [str(binary_path(self.cache_dir)), "--model", str(model_path(self.cache_dir)), "--host", "127.0.0.1",
                 "--port", str(self.port), "--metrics", "-np", str(self.slots),

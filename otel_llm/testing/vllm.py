@@ -250,18 +250,20 @@ def _signal_group(group: int, sig: int) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m otel_llm.testing.vllm``: install if needed, then serve until interrupted."""
+    """``python -m otel_llm.testing.vllm``: install if needed, then serve until interrupted; other
+    arguments go to vLLM's server as they are (``--no-enable-prefix-caching``...)."""
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("command", nargs="?", choices=["serve", "prepare"], default="serve")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--otlp", metavar="URL", help="OTLP/HTTP endpoint for vLLM's own spans")
     parser.add_argument("--max-num-seqs", type=int)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
     if args.command == "prepare":
         print(f"vllm python: {vllm_python()}\nmodel:       {model_dir()}")
         return 0
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    with VllmServer(port=args.port, otlp_traces_endpoint=args.otlp, max_num_seqs=args.max_num_seqs) as vllm:
+    with VllmServer(port=args.port, otlp_traces_endpoint=args.otlp, max_num_seqs=args.max_num_seqs,
+                    extra_args=extra) as vllm:
         print(f"vLLM {VLLM_VERSION} ready in {vllm.startup_seconds:.0f} s: {vllm.base_url}/v1 "
               f"(model {vllm.model_name!r}); Ctrl-C stops it", flush=True)
         try:
