@@ -248,6 +248,31 @@ def test_ctrl_c_stops_cleanly_and_writes_what_was_measured(tmp_path: Path) -> No
     assert 1 <= len(doc["levels"]) < 4 and len(doc["levels"][0]["requests"]) == 5
 
 
+def test_ctrl_c_between_two_levels_keeps_the_levels_measured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """Ctrl-C while the first level's row is printed (after the level, before the next one)."""
+    import argparse
+
+    from otel_llm.bench import cli
+
+    def interrupted(summary: dict) -> str:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "row", interrupted)
+    monkeypatch.setenv("OTEL_LLM_TRACES_FILE", str(tmp_path / "traces.jsonl"))
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    with SimProcess(first_token_delay=0.02, token_interval=0.005, tokens=5) as sim:
+        args = parser.parse_args([sim.base_url, "--model", "m", "--api", "openai", "--concurrency", "1,2",
+                                  "--requests", "3", "--output-tokens", "5", "--warmup", "0",
+                                  "--json", str(tmp_path / "bench.json")])
+        assert cli.run(args) == 130
+    assert "interrupted: the levels measured so far are reported" in capsys.readouterr().out
+    doc = json.loads((tmp_path / "bench.json").read_text())
+    assert [level["level"] for level in doc["levels"]] == ["concurrency 1"]
+    assert len(doc["levels"][0]["requests"]) == 3 and not otel_llm.is_instrumented()
+
+
 def test_readme_command_runs_against_the_simulator(tmp_path: Path) -> None:
     """The README's bench command, its URL pointed at the simulator (an OpenAI-compatible vLLM)."""
     readme = (REPO / "README.md").read_text()

@@ -208,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
     results: list[LevelResult] = []
     try:
         session = _prepare(args, session, say)
-        results = _levels_run(args, session, say)
+        _levels_run(args, session, say, results)
     except KeyboardInterrupt:  # between two levels, or in the warm-up
         if results:
             results[-1].interrupted = True
@@ -254,9 +254,10 @@ def _prepare(args: argparse.Namespace, session: _Session, say: Callable[[str], N
     return session._replace(workload=workload)
 
 
-def _levels_run(args: argparse.Namespace, session: _Session, say: Callable[[str], None]) -> list[LevelResult]:
-    """Each level in turn, a row printed as each ends; the list grows as they run (Ctrl-C keeps it)."""
-    results: list[LevelResult] = []
+def _levels_run(args: argparse.Namespace, session: _Session, say: Callable[[str], None],
+                results: list[LevelResult]) -> None:
+    """Each level in turn, a row printed as each ends, appended to ``results`` as it ends (so a
+    Ctrl-C between two levels keeps the ones measured)."""
     say(HEADER)
     for level in _levels_of(args):
         session.memory.start()
@@ -274,7 +275,6 @@ def _levels_run(args: argparse.Namespace, session: _Session, say: Callable[[str]
         say(row(summarize(result, args.slo, args.slo_attainment)))
         if result.interrupted:
             break
-    return results
 
 
 def _report(args: argparse.Namespace, session: _Session, started: float, results: list[LevelResult],

@@ -85,7 +85,10 @@ class MemoryWatch:
     @classmethod
     def of_server(cls, url: str, interval: float = 0.1) -> MemoryWatch:
         """A watch on the server at ``url`` with the GPU read where NVML sees a device."""
-        processes, why = server_processes(url)
+        try:
+            processes, why = server_processes(url)
+        except Exception as exc:  # the process table unreadable: the benchmark still runs
+            processes, why = [], f"the process table could not be read ({type(exc).__name__})"
         return cls(processes, why, interval, _gpu_reader() if processes else None)
 
     def describe(self) -> str:
