@@ -135,6 +135,31 @@ def test_open_loop_sends_on_schedule(traced: Otel) -> None:
     assert max(r.sent for r in burst.records) < 0.5  # all at once
 
 
+def test_closed_loop_lag_is_the_generators_own_time_between_requests(traced: Otel,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from otel_llm.bench.cli import warnings
+
+    with SimProcess(first_token_delay=0.02, token_interval=0.005, tokens=5) as sim:
+        workload = Workload(sim.base_url, "openai", "sim-model", prompt_tokens=16, output_tokens=5)
+        quick = run_level(Level(concurrency=2, requests=6), workload)
+        build = Workload.request
+
+        def slow(self: Workload) -> tuple[str, dict]:
+            time.sleep(0.05)  # a generator busy for 50 ms before each request (it blocks the loop)
+            return build(self)
+
+        monkeypatch.setattr(Workload, "request", slow)
+        slowed = run_level(Level(concurrency=1, requests=4), workload)
+    for r in quick.records + slowed.records:
+        assert r.ok and r.ended is not None and r.ended >= r.sent >= r.scheduled
+    by_worker_end = sorted(r.ended for r in quick.records)
+    assert all(any(abs(r.scheduled - end) < 1e-9 for end in by_worker_end) for r in quick.records[2:])
+    assert percentile([r.lag for r in slowed.records[1:]], 50) >= 0.045
+    said = warnings(summarize(slowed))
+    assert any("between a response's end and the next request" in line for line in said), said
+    assert percentile([r.lag for r in quick.records], 50) < percentile([r.lag for r in slowed.records[1:]], 50)
+
+
 def test_injected_failures_are_counted_by_kind(traced: Otel) -> None:
     with SimProcess(first_token_delay=0.02, token_interval=0.005, tokens=10, error_status=503, fault_every=3) as sim:
         errors = summarize(run_level(Level(concurrency=1, requests=9), _workload(sim)))

@@ -123,6 +123,9 @@ def warnings(s: dict[str, Any]) -> list[str]:
     if s["rate"] is not None and lag is not None and lag > LAG_WARN:
         out.append(f"{s['level']}: the load generator fell behind its schedule (p90 send lag {_ms(lag)} ms): "
                    "the figures understate the load asked for")
+    elif s["rate"] is None and lag is not None and lag > LAG_WARN:
+        out.append(f"{s['level']}: the load generator took {_ms(lag)} ms (p90) between a response's end and the "
+                   "next request: the server idled meanwhile, so the figures understate the load asked for")
     if s["generator_cpu_share"] > CPU_WARN:
         out.append(f"{s['level']}: the load generator used {s['generator_cpu_share']:.0%} of a core: it may be "
                    "the bottleneck (run it on another machine, or lower the load)")

@@ -49,8 +49,9 @@ class RequestRecord:
     """One request's figures (seconds; None = not measured), vLLM's definitions."""
 
     index: int
-    scheduled: float = 0.0  # after the level's start
+    scheduled: float = 0.0  # after the level's start: open loop its arrival, closed loop the end of the one before
     sent: float = 0.0  # after the level's start
+    ended: float | None = None  # after the level's start: the response's end (or the failure's)
     ttft: float | None = None  # sent -> first token chunk
     e2el: float | None = None  # sent -> end of the response
     itl: list[float] = field(default_factory=list)  # every gap between consecutive token chunks
@@ -192,6 +193,7 @@ async def _one(client: httpx.AsyncClient, workload: Workload, headers: Mapping[s
         except httpx.HTTPError as exc:
             record.failure, record.detail = "error", f"{type(exc).__name__}: {exc}"
         end = time.perf_counter()
+        record.ended = end - t0
     _finish(record, workload, stream, start, end)
 
 
@@ -235,13 +237,14 @@ async def _run(result: LevelResult, workload: Workload, headers: Mapping[str, st
         t0 = result.t0 = time.perf_counter()
         deadline = t0 + level.seconds
 
-        async def run_one(index: int, scheduled: float) -> None:
+        async def run_one(index: int, scheduled: float) -> RequestRecord:
             nonlocal done
             record = RequestRecord(index, scheduled=scheduled)
             result.records.append(record)
             await _one(client, workload, headers, record, t0, tracer, spec)
             done += 1
             progress(done)
+            return record
 
         if level.concurrency is not None:
             await _closed(level, run_one, t0, deadline, stop)
@@ -255,10 +258,13 @@ async def _closed(level: Level, run_one: Callable[[int, float], Any], t0: float,
     counter = iter(range(level.requests))
 
     async def worker() -> None:
+        due = time.perf_counter() - t0
         for index in counter:
             if stop.is_set() or time.perf_counter() >= deadline:
                 return
-            await run_one(index, time.perf_counter() - t0)  # sent when the previous one ended
+            # due when the previous response ended: the lag is the generator's own time in between
+            record = await run_one(index, due)
+            due = record.ended if record.ended is not None else time.perf_counter() - t0
 
     await _bounded([asyncio.ensure_future(worker()) for _ in range(level.concurrency or 1)], deadline)
 
