@@ -186,6 +186,7 @@ class _Session(NamedTuple):
 
     workload: Workload
     detection: Any
+    runtime: str | None  # proven by the server's routes and spoken to in its API, else None
     auth: Auth
     tracer: Any
     natives: NativeCollector
@@ -241,12 +242,11 @@ def _instrument(args: argparse.Namespace, auth: Auth, providers: Any, options: d
     if hasattr(providers.tracer_provider, "add_span_processor"):  # an SDK provider: the runtime's figures
         providers.tracer_provider.add_span_processor(natives)
     tracer = providers.tracer_provider.get_tracer("otel_llm.bench")
-    return _Session(workload, detection, auth, tracer, natives, MemoryWatch.of_server(args.url))
+    return _Session(workload, detection, proven, auth, tracer, natives, MemoryWatch.of_server(args.url))
 
 
 def _prepare(args: argparse.Namespace, session: _Session, say: Callable[[str], None]) -> _Session:
-    runtime = session.detection.runtime if session.detection.api == session.workload.api else None
-    say(f"otel-llm bench {args.url} (api {session.workload.api}, runtime {runtime or 'not proven'}, model "
+    say(f"otel-llm bench {args.url} (api {session.workload.api}, runtime {session.runtime or 'not proven'}, model "
         f"{args.model}): prompt ~{args.prompt_tokens} tokens, output {args.output_tokens} tokens, streamed")
     say(f"runtime memory: {session.memory.describe()}")
     workload, note = calibrate(session.workload, session.auth.headers, session.tracer, args.seconds)
