@@ -105,10 +105,10 @@ def row(s: dict[str, Any]) -> str:
     rate = (s.get("native") or {}).get("generation_rate")
     if rate:
         line += f"  runtime {_num(rate['p50'])} tok/s"
-    rss = (s.get("runtime_memory") or {}).get("peak_rss_bytes")
+    memory = s.get("runtime_memory") or {}
+    rss, gpu = memory.get("peak_rss_bytes"), memory.get("peak_gpu_memory_bytes")
     if rss:
         line += f"  peak RSS {rss / 2**20:.0f} MiB"
-    gpu = (s.get("runtime_memory") or {}).get("peak_gpu_memory_bytes")
     if gpu is not None:
         line += f"  GPU {gpu / 2**20:.0f} MiB"
     if "goodput" in s:
