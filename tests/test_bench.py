@@ -319,7 +319,8 @@ def test_readme_command_runs_against_the_simulator(tmp_path: Path) -> None:
 def test_token_chunks_of_a_real_vllm_stream_are_counted_as_its_bench_counts() -> None:
     """vLLM's recorded stream (tests/fixtures/runtimes/vllm): the role chunk is not a token, every
     other chunk with a choice is (the finish chunk too), the usage chunk is not; the count of
-    output tokens is vLLM's own usage."""
+    output tokens is vLLM's own usage, and the request ends at its last token chunk, as vLLM's
+    bench ends it (not at the usage chunk, [DONE] or the close)."""
     from otel_llm.bench.load import _finish, _Stream
 
     raw = (REPO / "tests/fixtures/runtimes/vllm/chat_stream.sse").read_bytes()
@@ -329,9 +330,13 @@ def test_token_chunks_of_a_real_vllm_stream_are_counted_as_its_bench_counts() ->
     for i, piece in enumerate(raw.split(b"\n\n")):
         stream.feed(piece + b"\n\n", float(i))
     record = RequestRecord(0)
-    _finish(record, Workload("http://x", "openai", "tiny"), stream, -1.0, 100.0)
+    _finish(record, Workload("http://x", "openai", "tiny"), stream, -1.0)
     assert len(stream.token_times) == len(with_choice) - 1  # the role chunk left out
     assert record.ttft == 2.0 and len(record.itl) == len(stream.token_times) - 1
+    pieces = raw.split(b"\n\n")
+    usage_at = next(i for i, piece in enumerate(pieces) if b'"usage": {' in piece or b'"usage":{' in piece)
+    assert stream.token_times[-1] < usage_at  # the usage chunk comes after the last token
+    assert record.e2el == stream.token_times[-1] + 1.0
     usage = next(e["usage"] for e in events if e.get("usage"))
     assert record.output_tokens == usage["completion_tokens"] and record.input_tokens == usage["prompt_tokens"]
 

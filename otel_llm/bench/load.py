@@ -53,7 +53,7 @@ class RequestRecord:
     sent: float = 0.0  # after the level's start
     ended: float | None = None  # after the level's start: the response's end (or the failure's)
     ttft: float | None = None  # sent -> first token chunk
-    e2el: float | None = None  # sent -> end of the response
+    e2el: float | None = None  # sent -> last token chunk (vLLM's latency: not the usage chunk or [DONE])
     itl: list[float] = field(default_factory=list)  # every gap between consecutive token chunks
     output_tokens: int | None = None  # the runtime's count (usage), else content chunks
     input_tokens: int | None = None
@@ -194,10 +194,10 @@ async def _one(client: httpx.AsyncClient, workload: Workload, headers: Mapping[s
             record.failure, record.detail = "error", f"{type(exc).__name__}: {exc}"
         end = time.perf_counter()
         record.ended = end - t0
-    _finish(record, workload, stream, start, end)
+    _finish(record, workload, stream, start)
 
 
-def _finish(record: RequestRecord, workload: Workload, stream: _Stream, start: float, end: float) -> None:
+def _finish(record: RequestRecord, workload: Workload, stream: _Stream, start: float) -> None:
     times = stream.token_times
     if stream.first is not None:
         info = parse_events(workload.stream_api, [stream.first] + stream.last)
@@ -208,7 +208,9 @@ def _finish(record: RequestRecord, workload: Workload, stream: _Stream, start: f
     if record.failure is not None:
         return
     record.ttft = times[0] - start
-    record.e2el = end - start
+    # vLLM's bench ends a request at its last token chunk: the usage chunk, [DONE] and closing the
+    # response (where the instrumentation ends the call) come after and are not generation time
+    record.e2el = times[-1] - start
     record.itl = [b - a for a, b in zip(times, times[1:])]
 
 
