@@ -378,7 +378,8 @@ async def _streams(gateway: GatewayProcess, clients: int) -> list[tuple[int, int
 def test_200_concurrent_streams_all_complete_and_exact(sim: SimProcess,
                                                       start_gateway: Callable[..., GatewayProcess]) -> None:
     sim.configure(token_interval=0.04, first_token_delay=0.05)
-    gateway = start_gateway(max_concurrency=64, max_queue=300, max_queue_wait=60)
+    # 200 connections from one address: more than the per-address default (64) lets in
+    gateway = start_gateway(max_concurrency=64, max_queue=300, max_queue_wait=60, max_connections_per_client=CLIENTS)
     results = asyncio.run(_streams(gateway, CLIENTS))
 
     assert [status for _, status, _, _ in results] == [200] * CLIENTS
@@ -397,7 +398,7 @@ def test_200_concurrent_streams_all_complete_and_exact(sim: SimProcess,
 
 def test_200_concurrent_streams_over_capacity(sim: SimProcess, start_gateway: Callable[..., GatewayProcess]) -> None:
     sim.configure(token_interval=0.04, first_token_delay=0.05)
-    gateway = start_gateway(max_concurrency=20, max_queue=30, max_queue_wait=60)
+    gateway = start_gateway(max_concurrency=20, max_queue=30, max_queue_wait=60, max_connections_per_client=CLIENTS)
     results = asyncio.run(_streams(gateway, CLIENTS))
 
     served = [(tokens, data) for tokens, status, _, data in results if status == 200]

@@ -208,8 +208,9 @@ def gateway(sim_process: Any, workdir: Path) -> Iterator[GatewayProcess]:
         "bob": {"routes": ["/v1/chat/completions"], "models": ["sim-model"]},
         "carol": {"routes": ["/v1/models"], "rate": 0.02, "burst": 3},  # 3 at once, then one per 50 s
     }
+    # these tests send many refused requests from one address on purpose: no refusal budget
     with GatewayProcess(sim_process.base_url, keys, env=_env(workdir, "sim"), max_concurrency=1, max_queue=2,
-                        max_queue_wait=20, max_body_bytes=1000) as gw:
+                        max_queue_wait=20, max_body_bytes=1000, refusal_burst=100_000) as gw:
         yield gw
 
 
@@ -222,7 +223,8 @@ def recorder() -> Iterator[RecordingUpstream]:
 @pytest.fixture(scope="module")
 def rec_gateway(recorder: RecordingUpstream, workdir: Path) -> Iterator[GatewayProcess]:
     with GatewayProcess(recorder.url, {"alice": {"routes": ["/v1/*"]}, "bob": {}}, env=_env(workdir, "rec"),
-                        max_concurrency=1, max_queue=1, max_queue_wait=0.5, max_body_bytes=1000) as gw:
+                        max_concurrency=1, max_queue=1, max_queue_wait=0.5, max_body_bytes=1000,
+                        refusal_burst=100_000) as gw:
         yield gw
 
 
@@ -500,14 +502,20 @@ def test_client_cannot_spoof_its_forwarded_address(rec_gateway: GatewayProcess,
     a caller wrote into X-Forwarded-For (uvicorn's proxy_headers, on by default, trusts callers
     on 127.0.0.1 and rewrites the client address from that header)."""
     before, logged = recorder.count(), len(rec_gateway.access_records())
-    reply = raw_request(rec_gateway.url, request_bytes(
-        "GET", "/v1/models", rec_gateway.secrets["alice"], "X-Forwarded-For: 6.6.6.6", "X-Forwarded-Proto: https"))
+    claims = ("X-Forwarded-For: 6.6.6.6", "X-Forwarded-Proto: https", "X_Forwarded_For: 6.6.6.6",
+              "X-Real-IP: 6.6.6.6", "Forwarded: for=6.6.6.6", "X-Forwarded-Host: evil.example",
+              "X-Original-URL: /api/delete", "X-HTTP-Method-Override: DELETE")
+    reply = raw_request(rec_gateway.url, request_bytes("GET", "/v1/models", rec_gateway.secrets["alice"], *claims))
     assert reply.status == 200
     (seen,) = recorder.seen[before:]
     (record,) = _new_records(rec_gateway, logged, 1)
     assert record["client"] == "127.0.0.1"
-    assert seen.values("x-forwarded-for")[-1] == "127.0.0.1"
-    assert seen.values("x-forwarded-proto")[-1] == "http"
+    assert seen.values("x-forwarded-for") == ["127.0.0.1"]
+    assert seen.values("x-forwarded-proto") == ["http"]
+    assert seen.values("forwarded") == ["for=127.0.0.1;proto=http"]
+    names = {name.lower().replace("_", "-") for name, _ in seen.headers}
+    assert not names & {"x-real-ip", "x-forwarded-host", "x-original-url", "x-http-method-override"}
+    assert not any("6.6.6.6" in value or "evil" in value for _, value in seen.headers)
 
 
 def _alice_head(rec_gateway: GatewayProcess) -> str:
@@ -675,6 +683,13 @@ def test_presented_secrets_appear_in_no_log_reply_or_span(traced: TracedRun, can
     outcomes = Counter((s.get(sc.LLM_GATEWAY_OUTCOME), s.get(sc.LLM_GATEWAY_KEY_ID)) for s in
                        _server_spans(traced.received))
     assert outcomes == {("unauthorized", None): 3, ("bad_request", None): 1, ("allowed", "alice"): 3}
+
+
+def test_server_spans_carry_no_header_value(traced: TracedRun) -> None:
+    """As the README says: not even the caller's User-Agent (httpx sent its own)."""
+    spans = _server_spans(traced.received)
+    assert spans and all(sc.USER_AGENT_ORIGINAL not in span for span in spans)
+    assert "python-httpx" not in traced.exported
 
 
 def test_query_string_is_not_logged_or_traced(traced: TracedRun) -> None:

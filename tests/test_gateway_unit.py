@@ -357,6 +357,41 @@ def test_check_route_globs() -> None:
         assert (denied.status, denied.outcome) == (403, "forbidden"), path
 
 
+def test_check_route_methods_default_to_the_routes_api() -> None:
+    """A route without methods allows what its API is called with: POST on a model route, GET,
+    HEAD and POST elsewhere; anything else (DELETE, PUT, TRACE...) must be named."""
+    v1 = _policy(routes=("/v1/*", "/api/*"))
+    check_route(v1, "/v1/chat/completions", "POST")
+    check_route(v1, "/v1/models", "GET")
+    check_route(v1, "/api/tags", "HEAD")
+    check_route(v1, "/api/show", "POST")
+    for method, path in (("GET", "/v1/chat/completions"), ("PUT", "/v1/chat/completions"),
+                         ("DELETE", "/api/delete"), ("TRACE", "/v1/models"), ("OPTIONS", "/v1/models"),
+                         ("PATCH", "/api/tags"), ("GET", "/api/generate")):
+        denied = _denied(check_route, v1, path, method)
+        assert (denied.status, denied.outcome) == (403, "forbidden"), (method, path)
+        assert method in denied.message
+
+
+def test_check_route_named_methods() -> None:
+    policy = _policy(routes=("GET /v1/models", "POST,DELETE /api/*", "* /sim/*"))
+    check_route(policy, "/v1/models", "GET")
+    check_route(policy, "/api/delete", "DELETE")
+    check_route(policy, "/sim/anything", "TRACE")
+    for method, path in (("POST", "/v1/models"), ("HEAD", "/v1/models"), ("GET", "/api/tags"),
+                         ("POST", "/v1/chat/completions")):
+        denied = _denied(check_route, policy, path, method)
+        assert (denied.status, denied.outcome) == (403, "forbidden"), (method, path)
+
+
+@pytest.mark.parametrize("route", ["v1/*", "GET", "GET  ", "get; /v1/*", "GE-T /v1/*", "GET, /v1/*", ""])
+def test_malformed_routes_stop_the_config(route: str) -> None:
+    from otel_llm.gateway.config import split_route
+
+    with pytest.raises(ValueError):
+        split_route(route)
+
+
 def test_check_model_unrestricted_key_reads_nothing() -> None:
     assert check_model(_policy(), b"not json at all {") is None
     assert check_model(_policy(), b'{"model": "a", "model": "b"}') is None
@@ -366,7 +401,11 @@ def test_check_model_restricted_key() -> None:
     policy = _policy(models=("gemma3:270m", "qwen"))
     assert check_model(policy, b'{"model": "gemma3:270m", "messages": []}') == "gemma3:270m"
     assert check_model(policy, b'  {"model":"qwen"}\n') == "qwen"
-    assert check_model(policy, b"") is None  # e.g. GET /v1/models: nothing to check
+    assert check_model(policy, b"", "GET") is None  # GET /v1/models: nothing to check
+    assert check_model(policy, b"", "HEAD") is None
+    for method, body in (("POST", b""), ("POST", b"  \r\n\t"), ("PUT", b""), ("GET", b" ")):
+        denied = _denied(check_model, policy, body, method)  # a model route must name its model
+        assert (denied.status, denied.outcome) == (400, "bad_request"), (method, body)
     for body in (b'{"model": "llama3"}', b'{"model": "GEMMA3:270M"}', b'{"messages": []}', b'{"model": null}',
                  b'{"model": ["gemma3:270m"]}', b'{"model": 1}', b'{"Model": "gemma3:270m"}'):
         denied = _denied(check_model, policy, body)
@@ -647,15 +686,29 @@ def test_request_headers_never_forward_credentials_or_hop_by_hop() -> None:
     )
     out = request_headers(incoming, ("10.1.2.3", 5555), "https", None)
     names = [n for n, _ in out]
-    assert names == ["content-type", "x-sim-tokens", "user-agent", "accept", "x-forwarded-for",
+    assert names == ["content-type", "x-sim-tokens", "user-agent", "accept", "x-forwarded-for", "forwarded",
                      "x-forwarded-proto"]
     assert dict(out)["x-forwarded-for"] == "10.1.2.3" and dict(out)["x-forwarded-proto"] == "https"
+    assert dict(out)["forwarded"] == "for=10.1.2.3;proto=https"
     assert not any("olk_secret" in v or "c2VjcmV0" in v for _, v in out)
 
 
 def test_request_headers_upstream_key_replaces_the_callers() -> None:
     out = request_headers(_h(("authorization", "Bearer olk_caller")), None, "http", "runtime-key")
-    assert out == [("x-forwarded-proto", "http"), ("authorization", "Bearer runtime-key")]
+    assert out == [("forwarded", "proto=http"), ("x-forwarded-proto", "http"), ("authorization", "Bearer runtime-key")]
+
+
+def test_request_headers_replace_every_forwarding_claim_of_the_caller() -> None:
+    """What a proxy would say (address, host, URL, method) is the gateway's to say: a caller's
+    claims are dropped, in any case and with "_" for "-", and the gateway's own are set."""
+    from otel_llm.gateway.proxy import FORWARDING
+
+    claims = [(name, "6.6.6.6") for name in sorted(FORWARDING)]
+    claims += [("X_Forwarded_For", "6.6.6.6"), ("x-real_ip", "6.6.6.6"), ("X-HTTP-Method-Override", "DELETE")]
+    incoming = [(n.lower().encode(), v.encode()) for n, v in claims] + _h(("content-type", "application/json"))
+    out = request_headers(incoming, ("::1", 5555), "http", None)
+    assert out == [("content-type", "application/json"), ("x-forwarded-for", "::1"),
+                   ("forwarded", 'for="[::1]";proto=http'), ("x-forwarded-proto", "http")]
 
 
 def test_response_headers_filtering() -> None:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -29,6 +31,7 @@ from otel_llm.gateway.auth import Denied, KeyStore, check_model, check_path, che
 from otel_llm.gateway.config import GatewayConfig, KeyPolicy
 from otel_llm.gateway.limits import Admission, KeyLimits, Rejected
 from otel_llm.gateway.proxy import request_headers, response_headers
+from otel_llm.gateway.refusals import REFUSED_OUTCOMES, RefusalLimiter
 from otel_llm.gateway.telemetry import Exchange, GatewayTelemetry
 from otel_llm.gateway.upstream import Response, Upstream
 
@@ -55,6 +58,7 @@ class Gateway:
         self.keys = KeyStore(config.keys)
         self.admission = Admission(config.max_concurrency, config.max_queue, config.max_queue_wait)
         self._limits = {p.key_id: KeyLimits(p.rate, p.burst, p.max_concurrency) for p in config.keys}
+        self.refusals = RefusalLimiter(config.refusal_rate, config.refusal_burst)
         self._upstream_key = upstream_key
         self._client: Upstream | None = None
 
@@ -120,9 +124,23 @@ class Gateway:
     async def _guarded(self, exchange: Exchange, scope: dict[str, Any], receive: Any, send: Any,
                        span: trace.Span) -> None:
         try:
-            policy, body = await self._check(exchange, scope, receive)
-            await self._admit_and_relay(exchange, scope, receive, send, policy, body)
+            policy = self._check_head(exchange, scope)
+            limits = self._limits[policy.key_id]
+            limits.enter()  # before the body: a stalled upload holds one of the key's requests
+            try:
+                body = await self._check_body(exchange, scope, receive, policy)
+                await self._admit_and_relay(exchange, scope, receive, send, body)
+            finally:
+                limits.leave()
         except Denied as denied:
+            if denied.outcome in REFUSED_OUTCOMES:
+                wait = self.refusals.allow(exchange.client[0] if exchange.client else None)
+                if wait > 0:
+                    exchange.recorded = False
+                    await self._deny(exchange, send, 429, "address_limited",
+                                     "too many refused requests from this address",
+                                     [("retry-after", str(max(1, math.ceil(wait)))), ("connection", "close")])
+                    return
             await self._deny(exchange, send, denied.status, denied.outcome, denied.message, denied.headers)
         except Rejected as rejected:
             status = 503 if rejected.reason == "overloaded" else 429
@@ -134,8 +152,8 @@ class Gateway:
             if exchange.head_sent is None:
                 exchange.status = 499  # nginx's code for it; only in logs and telemetry
 
-    async def _check(self, exchange: Exchange, scope: dict[str, Any], receive: Any) -> tuple[KeyPolicy, bytes]:
-        """Authenticate, authorize the route, read the body, authorize the model."""
+    def _check_head(self, exchange: Exchange, scope: dict[str, Any]) -> KeyPolicy:
+        """Authenticate and authorize the route."""
         started = _perf_ns()
         try:
             if sum(len(n) + len(v) for n, v in scope["headers"]) > MAX_HEADER_BYTES:
@@ -144,17 +162,23 @@ class Gateway:
             policy = self.keys.authenticate(secret)
             exchange.key_id = policy.key_id
             check_path(exchange.path, scope.get("raw_path"))
-            check_route(policy, exchange.path)
-            body = await _read_body(scope, receive, self.config.max_body_bytes)
-            exchange.model = check_model(policy, body)
-            return policy, body
+            check_route(policy, exchange.path, exchange.method)
+            return policy
         finally:
             exchange.auth = (started, _perf_ns())
 
+    async def _check_body(self, exchange: Exchange, scope: dict[str, Any], receive: Any, policy: KeyPolicy) -> bytes:
+        """Read the body (size- and time-capped) and authorize the model."""
+        try:
+            body = await _read_body(scope, receive, self.config.max_body_bytes, self.config.body_timeout)
+            exchange.model = check_model(policy, body, exchange.method)
+            return body
+        finally:
+            if exchange.auth is not None:  # the span covers the checks and the body
+                exchange.auth = (exchange.auth[0], _perf_ns())
+
     async def _admit_and_relay(self, exchange: Exchange, scope: dict[str, Any], receive: Any, send: Any,
-                               policy: KeyPolicy, body: bytes) -> None:
-        limits = self._limits[policy.key_id]
-        limits.enter()
+                               body: bytes) -> None:
         # The relay runs in this task (no extra task and loop turn before the upstream call);
         # a watcher task cancels it if the client disconnects.
         task = asyncio.current_task()
@@ -171,7 +195,6 @@ class Gateway:
             raise _ClientGone() from None
         finally:
             watcher.cancel()
-            limits.leave()
 
     async def _queue_and_relay(self, exchange: Exchange, scope: dict[str, Any], send: Any, body: bytes) -> None:
         admission = self.admission
@@ -231,7 +254,7 @@ class Gateway:
                     headers: Any = ()) -> None:
         exchange.status, exchange.outcome = status, outcome
         extra = list(headers) + [("server-timing", exchange.server_timing())]
-        if status == 413:
+        if status in (408, 413):
             extra.append(("connection", "close"))  # the unread body must not be parsed as a request
         await _answer(send, status, {"error": {"message": message, "type": outcome, "code": status}}, extra)
 
@@ -244,8 +267,9 @@ async def _answer(send: Any, status: int, payload: dict[str, Any], headers: Any 
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-async def _read_body(scope: dict[str, Any], receive: Any, limit: int) -> bytes:
-    """The whole request body, refusing it (413) as soon as it is known to exceed ``limit``."""
+async def _read_body(scope: dict[str, Any], receive: Any, limit: int, timeout: float) -> bytes:
+    """The whole request body, refusing it as soon as it is known to exceed ``limit`` (413) or
+    when it has not all arrived ``timeout`` seconds after the head (408)."""
     for name, value in scope["headers"]:
         if name == b"content-length":
             try:
@@ -256,8 +280,12 @@ async def _read_body(scope: dict[str, Any], receive: Any, limit: int) -> bytes:
                 raise Denied(413, "bad_request", f"request body over {limit} bytes")
     chunks: list[bytes] = []
     size = 0
+    deadline = time.monotonic() + timeout
     while True:
-        message = await receive()
+        try:
+            message = await _within(receive(), deadline - time.monotonic())
+        except asyncio.TimeoutError:
+            raise Denied(408, "bad_request", f"request body not received within {timeout:g} s") from None
         if message["type"] == "http.disconnect":
             raise _ClientGone()
         chunk = message.get("body", b"")
@@ -267,6 +295,15 @@ async def _read_body(scope: dict[str, Any], receive: Any, limit: int) -> bytes:
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
+
+
+async def _within(awaitable: Any, seconds: float) -> Any:
+    """``awaitable`` or TimeoutError after ``seconds``; on 3.11+ without wait_for's extra task (a
+    loop turn per body message)."""
+    if sys.version_info >= (3, 11):
+        async with asyncio.timeout(max(0.0, seconds)):
+            return await awaitable
+    return await asyncio.wait_for(awaitable, max(0.0, seconds))  # pragma: no cover - 3.10
 
 
 async def _cancel_on_disconnect(receive: Any, task: asyncio.Task[Any], gone: asyncio.Event,

@@ -8,10 +8,18 @@ from collections.abc import Sequence
 from fnmatch import fnmatchcase
 from typing import Any
 
-from otel_llm.gateway.config import KeyPolicy
+from otel_llm.gateway.config import KeyPolicy, split_route
 from otel_llm.gateway.keys import match_key
+from otel_llm.parse.routes import match_route
 
-__all__ = ["Denied", "KeyStore", "check_model", "check_path", "check_route", "credentials"]
+__all__ = ["Denied", "KeyStore", "check_model", "check_path", "check_route", "credentials", "default_methods"]
+
+# A model route is called with POST; the other routes of the runtimes' APIs (model lists, state,
+# show, embeddings, tokenize) with GET or POST. DELETE (Ollama's /api/delete), PUT, PATCH, TRACE,
+# OPTIONS and the rest must be named in a key's route.
+_MODEL_METHODS = frozenset({"POST"})
+_OTHER_METHODS = frozenset({"GET", "HEAD", "POST"})
+_BODYLESS = frozenset({"GET", "HEAD"})
 
 _MAX_SECRET = 512  # longer "keys" are rejected without hashing them
 
@@ -83,9 +91,24 @@ def check_path(path: str, raw_path: bytes | None) -> None:
             raise Denied(400, "bad_request", "encoded '/', '\\', '.' or NUL in the request path")
 
 
-def check_route(policy: KeyPolicy, path: str) -> None:
-    if not any(fnmatchcase(path, pattern) for pattern in policy.routes):
-        raise Denied(403, "forbidden", f"this key may not use {path}")
+def default_methods(path: str) -> frozenset[str]:
+    """The methods a route without named methods allows: those its API is called with."""
+    return _MODEL_METHODS if match_route(path) is not None else _OTHER_METHODS
+
+
+def check_route(policy: KeyPolicy, path: str, method: str = "POST") -> None:
+    """The key's routes (``[METHODS ]GLOB``) allow ``method`` on ``path``; Denied (403) otherwise."""
+    path_allowed = False
+    for route in policy.routes:
+        methods, pattern = split_route(route)
+        if not fnmatchcase(path, pattern):
+            continue
+        path_allowed = True
+        if method in (methods if methods is not None else default_methods(path)) or methods == frozenset("*"):
+            return
+    if path_allowed:
+        raise Denied(403, "forbidden", f"this key may not use {method} on {path}")
+    raise Denied(403, "forbidden", f"this key may not use {path}")
 
 
 def _no_duplicate_model(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -95,13 +118,19 @@ def _no_duplicate_model(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return dict(pairs)
 
 
-def check_model(policy: KeyPolicy, body: bytes) -> str | None:
+def check_model(policy: KeyPolicy, body: bytes, method: str = "POST") -> str | None:
     """The requested model, when the key's models are restricted and the body names an allowed one.
 
-    A body the gateway cannot read, or with two ``model`` fields (parsers disagree on which
-    wins), is refused rather than passed to a runtime that might read it differently."""
-    if policy.models is None or not body.strip():
+    With restricted models, every request but a bodyless GET or HEAD (a model list) must be one
+    JSON object naming an allowed model: an empty body, one the gateway cannot read, or one with
+    two ``model`` fields (parsers disagree on which wins) is refused rather than passed to a
+    runtime that might read it differently."""
+    if policy.models is None:
         return None
+    if method in _BODYLESS and not body:
+        return None
+    if not body.strip():
+        raise Denied(400, "bad_request", "the request body must be one JSON object naming a model")
     try:
         data = json.loads(body, object_pairs_hook=_no_duplicate_model)
     except (ValueError, RecursionError):

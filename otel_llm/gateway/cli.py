@@ -11,7 +11,7 @@ import json
 import re
 import sys
 
-from otel_llm.gateway.config import ENV_VARS, ConfigError, load_config
+from otel_llm.gateway.config import ENV_VARS, ConfigError, load_config, split_route
 from otel_llm.gateway.keys import format_hash, generate_key
 
 __all__ = ["add_arguments", "run"]
@@ -38,11 +38,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ("--upstream-key-env", "upstream_key_env", str, "variable holding the runtime's own API key"),
         ("--runtime", "runtime", str, "the upstream runtime's name (ollama, llama.cpp, vllm, ...)"),
         ("--access-log", "access_log", str, "'-' (stderr, default), 'off' or a file"),
+        ("--header-timeout", "header_timeout", float, "seconds to receive a request head (default 10)"),
+        ("--body-timeout", "body_timeout", float, "seconds to receive a request body (default 30)"),
+        ("--idle-timeout", "idle_timeout", float, "seconds a kept-alive connection may idle (default 30)"),
+        ("--max-connections", "max_connections", int, "open client connections (default 512)"),
+        ("--max-connections-per-client", "max_connections_per_client", int,
+         "open connections from one address (default 64)"),
+        ("--refusal-rate", "refusal_rate", float, "refused requests per second per address answered and recorded "
+                                                  "(default 5; past it and the burst: 429, counted only)"),
+        ("--refusal-burst", "refusal_burst", int, "refused requests at once above that rate (default 20)"),
     ):
         parser.add_argument(flag, dest=setting, type=kind, metavar=setting.split("_")[-1].upper(),
                             help=f"{text} [${ENV_VARS[setting]}]")
     keygen = parser.add_argument_group("keygen options")
-    keygen.add_argument("--routes", nargs="+", metavar="GLOB", help="allowed path globs (default: all)")
+    keygen.add_argument("--routes", nargs="+", metavar="ROUTE",
+                        help="allowed routes, '[METHODS ]GLOB' such as '/v1/*' or 'GET /api/tags' (default: all)")
     keygen.add_argument("--models", nargs="+", metavar="MODEL", help="allowed models (default: all)")
     keygen.add_argument("--rate", type=float, help="requests per second")
     keygen.add_argument("--burst", type=int, help="requests at once above the rate")
@@ -72,6 +82,12 @@ def _keygen(args: argparse.Namespace) -> int:
     if not args.key_id or not _KEY_ID.match(args.key_id):
         print("otel-llm gateway keygen: give an ID of letters, digits, '_', '.' or '-'", file=sys.stderr)
         return 2
+    for route in args.routes or ():
+        try:
+            split_route(route)
+        except ValueError as exc:
+            print(f"otel-llm gateway keygen: route {route!r}: {exc}", file=sys.stderr)
+            return 2
     key = generate_key()
     # a bare TOML key may not contain '.', which would nest tables: quote such IDs
     table = args.key_id if re.fullmatch(r"[A-Za-z0-9_-]+", args.key_id) else json.dumps(args.key_id)

@@ -7,7 +7,7 @@ Keys file (TOML; the same ``[keys.*]`` tables may also sit in the config file)::
 
     [keys.alice]                      # the key id: logged and traced, never the key itself
     hash = "sha256:9f86d0..."         # `otel-llm gateway keygen alice` prints key and hash
-    routes = ["/v1/chat/completions", "/api/*"]   # path globs; default: every route
+    routes = ["/v1/chat/completions", "GET /api/tags"]   # [METHODS ]path glob; default: every route
     models = ["gemma3:270m"]          # allowed "model" values; default: any
     rate = 2.0                        # requests per second, sustained; default: unlimited
     burst = 5                         # requests allowed at once above the rate; default: max(1, rate)
@@ -31,7 +31,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - the gateway extra installs tomli there
     import tomli as tomllib
 
-__all__ = ["ConfigError", "GatewayConfig", "KeyPolicy", "ENV_VARS", "load_config"]
+__all__ = ["ConfigError", "GatewayConfig", "KeyPolicy", "ENV_VARS", "load_config", "split_route"]
 
 ENV_PREFIX = "OTEL_LLM_GATEWAY_"
 ENV_VARS: dict[str, str] = {  # setting -> environment variable (README table)
@@ -47,6 +47,13 @@ ENV_VARS: dict[str, str] = {  # setting -> environment variable (README table)
     "upstream_key_env": "OTEL_LLM_GATEWAY_UPSTREAM_KEY_ENV",
     "runtime": "OTEL_LLM_GATEWAY_RUNTIME",
     "access_log": "OTEL_LLM_GATEWAY_ACCESS_LOG",
+    "header_timeout": "OTEL_LLM_GATEWAY_HEADER_TIMEOUT",
+    "body_timeout": "OTEL_LLM_GATEWAY_BODY_TIMEOUT",
+    "idle_timeout": "OTEL_LLM_GATEWAY_IDLE_TIMEOUT",
+    "max_connections": "OTEL_LLM_GATEWAY_MAX_CONNECTIONS",
+    "max_connections_per_client": "OTEL_LLM_GATEWAY_MAX_CONNECTIONS_PER_CLIENT",
+    "refusal_rate": "OTEL_LLM_GATEWAY_REFUSAL_RATE",
+    "refusal_burst": "OTEL_LLM_GATEWAY_REFUSAL_BURST",
 }
 _KEY_FIELDS = {"hash", "routes", "models", "rate", "burst", "max_concurrency"}
 
@@ -83,6 +90,13 @@ class GatewayConfig:
     upstream_key_env: str | None = None  # variable holding the runtime's own key, if it has one
     runtime: str | None = None  # the upstream runtime's name, when responses cannot tell
     access_log: str = "-"  # "-" = stderr, "off", or a file path
+    header_timeout: float = 10.0  # seconds to receive a request head, from its first byte or the connection
+    body_timeout: float = 30.0  # seconds to receive a request body, after its head
+    idle_timeout: float = 30.0  # seconds a kept-alive connection may sit idle between requests
+    max_connections: int = 512  # open client connections (each is a file descriptor)
+    max_connections_per_client: int = 64  # open connections from one client address
+    refusal_rate: float = 5.0  # refused requests per second per address that are answered and recorded
+    refusal_burst: int = 20  # refused requests at once above that rate
 
     @property
     def listen_host(self) -> str:
@@ -135,8 +149,9 @@ def _read_toml(path: str) -> dict[str, Any]:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from None
 
 
-_INTS = {"max_concurrency", "max_queue", "max_body_bytes"}
-_FLOATS = {"max_queue_wait", "upstream_timeout"}
+_INTS = {"max_concurrency", "max_queue", "max_body_bytes", "max_connections", "max_connections_per_client",
+         "refusal_burst"}
+_FLOATS = {"max_queue_wait", "upstream_timeout", "header_timeout", "body_timeout", "idle_timeout", "refusal_rate"}
 
 
 def _coerce(raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -177,6 +192,9 @@ def _validate(config: GatewayConfig) -> None:
     _positive("max_queue_wait", config.max_queue_wait, allow_zero=True)
     _positive("max_body_bytes", config.max_body_bytes)
     _positive("upstream_timeout", config.upstream_timeout)
+    for name in ("header_timeout", "body_timeout", "idle_timeout", "max_connections", "max_connections_per_client",
+                 "refusal_rate", "refusal_burst"):
+        _positive(name, getattr(config, name))
     if config.access_log == "":
         raise ConfigError("access_log must be '-', 'off' or a file path")
     if not config.keys:
@@ -202,8 +220,11 @@ def _key_policy(key_id: str, table: Any) -> KeyPolicy:
     except ValueError as exc:
         raise ConfigError(f"{where}: {exc}") from None
     routes = _strings(where, "routes", table.get("routes", ["*"]))
-    if any(not r.startswith(("/", "*")) for r in routes):
-        raise ConfigError(f"{where}: routes are path globs starting with '/' (or '*')")
+    for route in routes:
+        try:
+            split_route(route)
+        except ValueError as exc:
+            raise ConfigError(f"{where}: routes: {route!r}: {exc}") from None
     models = _strings(where, "models", table["models"]) if "models" in table else None
     rate = _optional_number(where, "rate", table.get("rate"))
     burst = _optional_number(where, "burst", table.get("burst"))
@@ -215,6 +236,23 @@ def _key_policy(key_id: str, table: Any) -> KeyPolicy:
         burst=int(burst) if burst is not None else (max(1, math.ceil(rate)) if rate else None),
         max_concurrency=int(concurrency) if concurrency is not None else None,
     )
+
+
+_METHOD_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+
+def split_route(route: str) -> tuple[frozenset[str] | None, str]:
+    """``"GET,POST /v1/*"`` -> ({"GET", "POST"}, "/v1/*"); ``"/v1/*"`` -> (None, "/v1/*"): the
+    route's API's methods; ``"* /v1/*"``: any method. ValueError for a malformed route."""
+    methods_text, _, pattern = route.strip().rpartition(" ")
+    if not pattern.startswith(("/", "*")):
+        raise ValueError("a route is a path glob starting with '/' (or '*'), after optional methods")
+    if not methods_text:
+        return None, pattern
+    methods = frozenset(m.strip().upper() for m in methods_text.split(","))
+    if methods != frozenset("*") and not all(m and set(m) <= _METHOD_CHARS for m in methods):
+        raise ValueError("methods are comma-separated names such as GET,POST (or *)")
+    return methods, pattern
 
 
 def _strings(where: str, name: str, value: Any) -> tuple[str, ...]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
-__all__ = ["HOP_BY_HOP", "request_headers", "response_headers"]
+__all__ = ["FORWARDING", "HOP_BY_HOP", "request_headers", "response_headers"]
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
@@ -19,7 +19,18 @@ HOP_BY_HOP = frozenset({
 })
 # never forwarded upstream: the caller's credentials are for the gateway, not for the runtime
 _CREDENTIALS = frozenset({"authorization", "x-api-key", "cookie"})
-_REQUEST_DROP = HOP_BY_HOP | _CREDENTIALS | {"host", "content-length", "expect", "traceparent", "tracestate"}
+# what a proxy says about the request (who sent it, to which host and URL, by which method): from a
+# caller they are claims, and a runtime or framework that trusts them could log, rate-limit or route
+# by a forged address, or run another method or path than the one the gateway authorized
+FORWARDING = frozenset({
+    "forwarded", "x-forwarded-for", "x-forwarded-host", "x-forwarded-proto", "x-forwarded-port",
+    "x-forwarded-prefix", "x-forwarded-server", "x-forwarded-scheme", "x-forwarded-ssl", "x-real-ip",
+    "x-client-ip", "true-client-ip", "cf-connecting-ip", "x-cluster-client-ip", "x-original-url",
+    "x-original-uri", "x-rewrite-url", "x-original-host", "x-original-method", "x-http-method-override",
+    "x-http-method", "x-method-override",
+})
+_REQUEST_DROP = (HOP_BY_HOP | _CREDENTIALS | FORWARDING
+                 | {"host", "content-length", "expect", "traceparent", "tracestate"})
 _RESPONSE_DROP = HOP_BY_HOP | {"set-cookie", "server-timing", "x-accel-buffering"}
 
 
@@ -36,9 +47,14 @@ def request_headers(headers: Sequence[tuple[bytes, bytes]], client: tuple[str, i
     """The caller's headers as the runtime should see them."""
     decoded = [(n.decode("latin-1"), v.decode("latin-1")) for n, v in headers]
     drop = _REQUEST_DROP | _named_by_connection(decoded)
-    out = [(n, v) for n, v in decoded if n not in drop]
+    # "X_Forwarded_For" too: CGI-style servers (WSGI, PHP) read "_" and "-" alike
+    out = [(n, v) for n, v in decoded if n not in drop and n.replace("_", "-") not in drop]
     if client:
         out.append(("x-forwarded-for", client[0]))
+        host = f'"[{client[0]}]"' if ":" in client[0] else client[0]
+        out.append(("forwarded", f"for={host};proto={scheme}"))
+    else:
+        out.append(("forwarded", f"proto={scheme}"))
     out.append(("x-forwarded-proto", scheme))
     if upstream_key:
         out.append(("authorization", f"Bearer {upstream_key}"))

@@ -12,7 +12,7 @@ import otel_llm
 from otel_llm.config import ENV_VARS as CORE_ENV_VARS
 from otel_llm.config import resolve
 from otel_llm.export.providers import build_providers
-from otel_llm.gateway.app import Gateway
+from otel_llm.gateway.app import MAX_HEADER_BYTES, Gateway
 from otel_llm.gateway.config import ConfigError, GatewayConfig
 from otel_llm.gateway.telemetry import GatewayTelemetry, access_logger
 from otel_llm.instrumentor import current_telemetry
@@ -73,9 +73,13 @@ def serve(config: GatewayConfig) -> int:
         print(f"otel-llm gateway: cannot listen on {config.listen}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     app, providers = build_app(config)
+    from otel_llm.gateway.edge import EdgeLimits, edge_protocol
+
+    limits = EdgeLimits(MAX_HEADER_BYTES, config.header_timeout, config.max_connections,
+                        config.max_connections_per_client)
     server_config = uvicorn.Config(
         app, lifespan="on", access_log=False, server_header=False, date_header=False, log_level="warning",
-        timeout_graceful_shutdown=5, http=_http_implementation(),
+        timeout_graceful_shutdown=5, http=edge_protocol(limits), timeout_keep_alive=config.idle_timeout,  # type: ignore[arg-type]
         proxy_headers=False,  # the gateway is the edge: the client is the TCP peer, not a header
     )
     host, port = sock.getsockname()[:2]
@@ -110,10 +114,3 @@ def _listen(host: str, port: int) -> socket.socket:
 def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
-
-def _http_implementation() -> str:
-    try:
-        import httptools  # noqa: F401  (the faster parser; h11 otherwise)
-    except ImportError:
-        return "h11"
-    return "httptools"

@@ -70,6 +70,7 @@ class Exchange:
     end: int | None = None
     bytes_out: int = 0
     complete: bool = False  # the last byte of the response was handed to the server
+    recorded: bool = True  # False: a refusal past its address's budget, counted in the metrics only
     error: str | None = None
 
     def epoch(self, t_ns: int) -> int:
@@ -179,9 +180,6 @@ class GatewayTelemetry:
             attrs[sc.SERVER_ADDRESS], attrs[sc.SERVER_PORT] = server[0], server[1]
         if exchange.client:
             attrs[sc.CLIENT_ADDRESS], attrs[sc.CLIENT_PORT] = exchange.client
-        agent = headers.get("user-agent")
-        if agent:
-            attrs[sc.USER_AGENT_ORIGINAL] = _clip(agent)
         if self._sdk is not None:
             return _PendingSpan(self._sdk.start(name, attrs, exchange.epoch0, SpanKind.SERVER, parent))
         return self.tracer.start_span(name, context=parent, kind=SpanKind.SERVER, attributes=attrs,
@@ -191,7 +189,8 @@ class GatewayTelemetry:
         """End the span tree, record metrics and write the access line; never raises."""
         exchange.end = exchange.end or _perf_ns()
         try:
-            self._end_spans(exchange, span)
+            if exchange.recorded or not isinstance(span, _PendingSpan):  # a started span must end
+                self._end_spans(exchange, span)
         finally:
             self._record(exchange, span.get_span_context())
 
@@ -250,7 +249,7 @@ class GatewayTelemetry:
             self.queue_wait.record(exchange.queue_wait_s, {sc.LLM_GATEWAY_OUTCOME: exchange.outcome})
         self.duration.record((exchange.end - exchange.t0) / 1e9, {  # type: ignore[operator]
             sc.HTTP_REQUEST_METHOD: exchange.method, sc.HTTP_RESPONSE_STATUS_CODE: exchange.status})
-        if self.access_log is not None:
+        if self.access_log is not None and exchange.recorded:
             self.access_log.info(json.dumps(self._access_record(exchange, span_context), separators=(",", ":")))
 
     @staticmethod
