@@ -27,6 +27,8 @@ ENV_VARS: dict[str, str] = {
     "runtimes": "OTEL_LLM_RUNTIMES",
     "llm_routes": "OTEL_LLM_LLM_ROUTES",
     "traces_file": "OTEL_LLM_TRACES_FILE",
+    "traces_file_max_bytes": "OTEL_LLM_TRACES_FILE_MAX_BYTES",
+    "traces_file_backups": "OTEL_LLM_TRACES_FILE_BACKUPS",
     "console_summary": "OTEL_LLM_CONSOLE_SUMMARY",
     "host_metrics": "OTEL_LLM_HOST_METRICS",
     "gpu_metrics": "OTEL_LLM_GPU_METRICS",
@@ -49,6 +51,8 @@ class Options:
     runtimes: Mapping[str, str] = field(default_factory=dict)
     llm_routes: Sequence[str] = ()
     traces_file: str = DEFAULT_TRACES_FILE
+    traces_file_max_bytes: int = 100 * 1024 * 1024  # rotated past this size (0: never)
+    traces_file_backups: int = 1  # previous files kept
     console_summary: bool = True
     host_metrics: bool = True
     gpu_metrics: bool = True
@@ -82,6 +86,17 @@ def _parse_interval(name: str, value: Any, default: float) -> float:
         _warn(name, value, "expected seconds between 0.05 and 3600")
         return default
     return seconds
+
+
+def _parse_count(name: str, value: Any, default: int) -> int:
+    try:
+        count = int(str(value).strip())
+    except (TypeError, ValueError):
+        count = -1
+    if count < 0:
+        _warn(name, value, "expected a whole number, 0 or more")
+        return default
+    return count
 
 
 def _parse_runtimes(name: str, value: Any) -> dict[str, str]:
@@ -135,6 +150,8 @@ def _apply(options: Options, raw: Mapping[str, Any]) -> None:
     for name, value in raw.items():
         if name in ("capture_content", "console_summary", "host_metrics", "gpu_metrics", "runtime_metrics"):
             setattr(options, name, _parse_bool(name, value, getattr(options, name)))
+        elif name in ("traces_file_max_bytes", "traces_file_backups"):
+            setattr(options, name, _parse_count(name, value, getattr(options, name)))
         elif name == "sample_interval":
             options.sample_interval = _parse_interval(name, value, options.sample_interval)
         elif name == "runtimes":

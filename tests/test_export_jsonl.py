@@ -223,3 +223,81 @@ def test_concurrent_exports_keep_lines_whole(tmp_path: Path) -> None:
     stats = ReadStats()
     assert len(list(read_jsonl(path, stats))) == 4 * 20 * 3
     assert stats.malformed == 0
+
+
+# --- a file that stays bounded -------------------------------------------------------------------
+
+
+def test_the_span_file_is_rotated_before_it_passes_its_size(tmp_path: Path) -> None:
+    """Each SimpleSpanProcessor export is one line; the file never passes ``max_bytes`` and one
+    previous file is kept; ``read_rotated`` reads the previous file, then the current one."""
+    from otel_llm.export.jsonl import read_rotated
+
+    path = tmp_path / "t.jsonl"
+    exporter = JsonLinesSpanExporter(path, max_bytes=4000, backups=1)
+    tracer = _provider(exporter).get_tracer("otel_llm")
+    for i in range(40):
+        _record_call(tracer, start=T0 + i * 1000 * MS)
+    assert path.exists() and (tmp_path / "t.jsonl.1").exists() and not (tmp_path / "t.jsonl.2").exists()
+    for name in (path, tmp_path / "t.jsonl.1"):
+        assert name.stat().st_size <= 4000
+        assert all(_strict_json(line) for line in name.read_text().splitlines())  # whole lines only
+    calls = [s for s in read_rotated(path) if s["name"] == "chat llama3"]
+    starts = [s["startTimeUnixNano"] for s in calls]
+    assert starts == sorted(starts) and starts[-1] == T0 + 39 * 1000 * MS  # oldest first, up to the newest
+    assert 2 <= len(calls) < 40  # what rotated past the one backup is gone
+
+
+def test_rotation_keeps_backups_and_zero_backups_empties_the_file(tmp_path: Path) -> None:
+    from otel_llm.export.rotating import RotatingAppender, rotated_files
+
+    line = b"x" * 99 + b"\n"
+    kept = RotatingAppender(str(tmp_path / "a"), max_bytes=250, backups=3)
+    for _ in range(20):
+        kept.append(line)
+    assert [Path(p).name for p in rotated_files(str(tmp_path / "a"))] == ["a.3", "a.2", "a.1", "a"]
+    assert all(Path(p).stat().st_size == 200 for p in rotated_files(str(tmp_path / "a")))
+    none = RotatingAppender(str(tmp_path / "b"), max_bytes=250, backups=0)
+    for _ in range(5):
+        none.append(line)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("b")) == ["b"]
+    assert (tmp_path / "b").stat().st_size == 100
+    unbounded = RotatingAppender(str(tmp_path / "c"), max_bytes=0)
+    for _ in range(5):
+        unbounded.append(line)
+    assert (tmp_path / "c").stat().st_size == 500
+
+
+def test_processes_sharing_a_rotating_file_keep_every_line_whole(tmp_path: Path) -> None:
+    """Four processes append 300 lines each (about 130 KB in all) to one file rotated at 50 KB
+    with two backups, room for all of it: rotations happen while they write, and every line is
+    there, once and whole."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "shared.jsonl"
+    code = ("import sys; from otel_llm.export.rotating import RotatingAppender\n"
+            "a = RotatingAppender(sys.argv[1], max_bytes=50000, backups=2)\n"
+            "for i in range(300): a.append(('{\"w\": %s, \"i\": %d, \"pad\": \"%s\"}\\n' % (sys.argv[2], i, 'p' * 80)).encode())\n")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(path), str(w)]) for w in range(4)]
+    assert all(p.wait(60) == 0 for p in procs)
+    files = [path, tmp_path / "shared.jsonl.1", tmp_path / "shared.jsonl.2"]
+    lines = [json.loads(line) for f in files if f.exists() for line in f.read_text().splitlines()]
+    assert all(f.exists() and f.stat().st_size <= 50000 for f in files)
+    assert sorted((r["w"], r["i"]) for r in lines) == [(w, i) for w in range(4) for i in range(300)]
+
+
+def test_view_reads_across_the_rotation(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    path = tmp_path / "t.jsonl"
+    tracer = _provider(JsonLinesSpanExporter(path, max_bytes=3000, backups=1)).get_tracer("otel_llm")
+    for i in range(6):
+        _record_call(tracer, start=T0 + i * 1000 * MS)
+    assert (tmp_path / "t.jsonl.1").exists()
+    in_backup = sum(1 for s in read_jsonl(tmp_path / "t.jsonl.1") if s["name"] == "chat llama3")
+    done = subprocess.run([sys.executable, "-m", "otel_llm.cli.main", "view", "--ascii", str(path)],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("chat llama3") == in_backup + sum(1 for s in read_jsonl(path) if s["name"] == "chat llama3")

@@ -370,3 +370,19 @@ def test_refusal_budget_per_address_is_a_bounded_token_bucket(caplog: pytest.Log
     for _ in range(5):
         limiter.allow("c")
     assert len(caplog.records) == 2 and "refused requests answered 429" in caplog.records[1].getMessage()
+
+
+def test_the_access_log_file_is_rotated_at_its_size(recorder: RecordingUpstream, tmp_path: Path) -> None:
+    """About 350 bytes an access line; a 2,000-byte limit rotates it every few requests."""
+    gateway = GatewayProcess(recorder.url, {"alice": {}}, env=_env(tmp_path, "rotate"),
+                             access_log_max_bytes=2000, access_log_backups=2)
+    with gateway:
+        for _ in range(30):
+            assert _ok(gateway) == 200
+        time.sleep(0.3)
+    log = gateway.access_log_path
+    files = [log, log.with_name(log.name + ".1"), log.with_name(log.name + ".2")]
+    assert all(f.exists() and f.stat().st_size <= 2000 for f in files), [f.stat().st_size for f in files if f.exists()]
+    assert not log.with_name(log.name + ".3").exists()
+    lines = [json.loads(line) for f in files for line in f.read_text().splitlines()]
+    assert 10 <= len(lines) < 30 and all(r["status"] == 200 for r in lines)

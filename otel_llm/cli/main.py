@@ -87,12 +87,12 @@ def _can_encode(stream: object, text: str) -> bool:
 def _run_view(args: argparse.Namespace) -> int:
     # Imported here so `otel-llm --version` and other commands stay fast and independent.
     from otel_llm.cli.view import render_calls
-    from otel_llm.export.jsonl import DEFAULT_TRACES_FILE, ReadStats, read_jsonl
+    from otel_llm.export.jsonl import DEFAULT_TRACES_FILE, ReadStats, read_rotated
 
     path = args.file or os.environ.get(ENV_TRACES_FILE) or DEFAULT_TRACES_FILE
     stats = ReadStats()
     try:
-        spans = list(read_jsonl(path, stats))
+        spans = list(read_rotated(path, stats))  # the rotated files first: calls in time order
     except FileNotFoundError:
         print(f"otel-llm: no trace file {path!r} (pass FILE or set ${ENV_TRACES_FILE})", file=sys.stderr)
         return 1

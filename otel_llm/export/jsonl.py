@@ -22,6 +22,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import Link, SpanContext, SpanKind
 
 from otel_llm.config import DEFAULT_TRACES_FILE
+from otel_llm.export.rotating import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, RotatingAppender, rotated_files
 
 __all__ = [
     "DEFAULT_TRACES_FILE",
@@ -32,6 +33,7 @@ __all__ = [
     "encode_spans",
     "flatten_spans",
     "read_jsonl",
+    "read_rotated",
 ]
 
 _logger = logging.getLogger(__name__)
@@ -196,9 +198,11 @@ def encode_spans(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
 class JsonLinesSpanExporter(SpanExporter):
     """Append each batch of spans to ``path`` as one OTLP/JSON line."""
 
-    def __init__(self, path: str | os.PathLike[str] = DEFAULT_TRACES_FILE) -> None:
+    def __init__(self, path: str | os.PathLike[str] = DEFAULT_TRACES_FILE, max_bytes: int = DEFAULT_MAX_BYTES,
+                 backups: int = DEFAULT_BACKUPS) -> None:
         # Resolved now: an application that changes directory later must not scatter its spans.
         self.path = os.path.abspath(os.fspath(path))
+        self._file = RotatingAppender(self.path, max_bytes, backups)
         self._lock = threading.Lock()
         self._shutdown = False
         # Warn once per run of failures: a full disk must not flood the log on every batch.
@@ -215,9 +219,8 @@ class JsonLinesSpanExporter(SpanExporter):
             data = line.encode("utf-8", "surrogatepass")
             with self._lock:
                 # One write() on an O_APPEND file keeps lines whole even when several
-                # processes share the file; opening per export survives log rotation.
-                with open(self.path, "ab") as fh:
-                    fh.write(data)
+                # processes share the file; opening per export survives external rotation.
+                self._file.append(data)
         except Exception as exc:  # noqa: BLE001 - an exporter must never break the app
             if not self._warned:
                 self._warned = True
@@ -318,6 +321,16 @@ def _flatten_request(request: Mapping[str, Any]) -> list[dict[str, Any]]:
             scope = {"name": raw_scope.get("name", ""), "version": raw_scope.get("version", "")}
             out.extend(_flatten_span(s, resource, scope) for s in ss.get("spans", []))
     return out
+
+
+def read_rotated(path: str | os.PathLike[str], stats: ReadStats | None = None) -> Iterator[dict[str, Any]]:
+    """:func:`read_jsonl` over ``path``'s rotated files (``path.2``, ``path.1``: oldest first),
+    then ``path``; ``FileNotFoundError`` only when none of them exists."""
+    files = [f for f in rotated_files(os.fspath(path)) if os.path.exists(f)]
+    if not files:
+        raise FileNotFoundError(os.fspath(path))
+    for name in files:
+        yield from read_jsonl(name, stats)
 
 
 def read_jsonl(path: str | os.PathLike[str], stats: ReadStats | None = None) -> Iterator[dict[str, Any]]:

@@ -285,6 +285,7 @@ def _add_embedded(tracer_provider: Any, options: Options) -> None:
     from otel_llm.export.jsonl import JsonLinesSpanExporter
     from otel_llm.export.summary import SummarySpanProcessor
 
-    tracer_provider.add_span_processor(BatchSpanProcessor(JsonLinesSpanExporter(options.traces_file)))
+    exporter = JsonLinesSpanExporter(options.traces_file, options.traces_file_max_bytes, options.traces_file_backups)
+    tracer_provider.add_span_processor(BatchSpanProcessor(exporter))
     if options.console_summary:
         tracer_provider.add_span_processor(SummarySpanProcessor())

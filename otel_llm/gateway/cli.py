@@ -47,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ("--refusal-rate", "refusal_rate", float, "refused requests per second per address answered and recorded "
                                                   "(default 5; past it and the burst: 429, counted only)"),
         ("--refusal-burst", "refusal_burst", int, "refused requests at once above that rate (default 20)"),
+        ("--access-log-max-bytes", "access_log_max_bytes", int, "rotate an access log file past this size "
+                                                                "(default 100 MiB; 0 never)"),
+        ("--access-log-backups", "access_log_backups", int, "previous access log files kept (default 1)"),
     ):
         parser.add_argument(flag, dest=setting, type=kind, metavar=setting.split("_")[-1].upper(),
                             help=f"{text} [${ENV_VARS[setting]}]")

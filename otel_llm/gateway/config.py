@@ -54,6 +54,8 @@ ENV_VARS: dict[str, str] = {  # setting -> environment variable (README table)
     "max_connections_per_client": "OTEL_LLM_GATEWAY_MAX_CONNECTIONS_PER_CLIENT",
     "refusal_rate": "OTEL_LLM_GATEWAY_REFUSAL_RATE",
     "refusal_burst": "OTEL_LLM_GATEWAY_REFUSAL_BURST",
+    "access_log_max_bytes": "OTEL_LLM_GATEWAY_ACCESS_LOG_MAX_BYTES",
+    "access_log_backups": "OTEL_LLM_GATEWAY_ACCESS_LOG_BACKUPS",
 }
 _KEY_FIELDS = {"hash", "routes", "models", "rate", "burst", "max_concurrency"}
 
@@ -97,6 +99,8 @@ class GatewayConfig:
     max_connections_per_client: int = 64  # open connections from one client address
     refusal_rate: float = 5.0  # refused requests per second per address that are answered and recorded
     refusal_burst: int = 20  # refused requests at once above that rate
+    access_log_max_bytes: int = 100 * 1024 * 1024  # an access log file is rotated past this size (0: never)
+    access_log_backups: int = 1  # previous access log files kept
 
     @property
     def listen_host(self) -> str:
@@ -150,7 +154,7 @@ def _read_toml(path: str) -> dict[str, Any]:
 
 
 _INTS = {"max_concurrency", "max_queue", "max_body_bytes", "max_connections", "max_connections_per_client",
-         "refusal_burst"}
+         "refusal_burst", "access_log_max_bytes", "access_log_backups"}
 _FLOATS = {"max_queue_wait", "upstream_timeout", "header_timeout", "body_timeout", "idle_timeout", "refusal_rate"}
 
 
@@ -195,6 +199,8 @@ def _validate(config: GatewayConfig) -> None:
     for name in ("header_timeout", "body_timeout", "idle_timeout", "max_connections", "max_connections_per_client",
                  "refusal_rate", "refusal_burst"):
         _positive(name, getattr(config, name))
+    _positive("access_log_max_bytes", config.access_log_max_bytes, allow_zero=True)
+    _positive("access_log_backups", config.access_log_backups, allow_zero=True)
     if config.access_log == "":
         raise ConfigError("access_log must be '-', 'off' or a file path")
     if not config.keys:

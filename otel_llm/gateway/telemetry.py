@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import logging.handlers
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -99,18 +100,39 @@ class Exchange:
         return ", ".join(parts)
 
 
-def access_logger(target: str) -> logging.Logger | None:
-    """The access logger writing bare JSON lines to stderr ("-"), a file, or nowhere ("off")."""
+def access_logger(target: str, max_bytes: int = 100 * 1024 * 1024, backups: int = 1) -> logging.Logger | None:
+    """The access logger writing bare JSON lines to stderr ("-"), a file, or nowhere ("off"); a
+    file is rotated (``FILE.1``...) past ``max_bytes`` (0: never), ``backups`` previous ones kept."""
     if target == "off":
         return None
     logger = logging.getLogger("otel_llm.gateway.access")
     logger.handlers.clear()
-    handler = logging.StreamHandler() if target == "-" else logging.FileHandler(target, encoding="utf-8")
+    handler: logging.Handler
+    if target == "-":
+        handler = logging.StreamHandler()
+    elif max_bytes and backups:
+        handler = logging.handlers.RotatingFileHandler(target, maxBytes=max_bytes, backupCount=backups, encoding="utf-8")
+    elif max_bytes:  # no previous file kept: start the file afresh
+        handler = _TruncatingHandler(target, max_bytes)
+    else:
+        handler = logging.FileHandler(target, encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(message)s"))
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     logger.propagate = False
     return logger
+
+
+class _TruncatingHandler(logging.handlers.RotatingFileHandler):
+    """A file that is emptied, not renamed, when it would pass its size (``backups`` 0)."""
+
+    def __init__(self, path: str, max_bytes: int) -> None:
+        super().__init__(path, maxBytes=max_bytes, backupCount=0, encoding="utf-8")
+
+    def doRollover(self) -> None:  # noqa: N802 - logging's name
+        if self.stream:
+            self.stream.close()
+        self.stream = open(self.baseFilename, "w", encoding="utf-8")  # noqa: SIM115 - kept open
 
 
 class _PendingSpan(NonRecordingSpan):
