@@ -194,3 +194,15 @@ def test_async_pool_wait(sim, otel: Otel) -> None:
     asyncio.run(run())
     waits = [k for c in otel.calls() for k in otel.children(c) if k.name == sc.SPAN_POOL_WAIT]
     assert len(waits) == 1 and (waits[0].end_time - waits[0].start_time) / 1e9 > 0.08
+
+
+def test_the_clock_anchor_rereads_a_pair_split_by_a_preemption(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A (perf, epoch) pair whose two perf reads are 5 ms apart was preempted: the anchor reads
+    again and keeps the tight pair, so epoch times of two processes line up."""
+    from otel_llm.capture import call as call_module
+
+    perf = iter([0, 5_000_000, 10_000_000, 10_000_300])  # first pair split by 5 ms, second tight
+    epochs = iter([1_000, 2_000])
+    monkeypatch.setattr(call_module, "perf_ns", lambda: next(perf))
+    monkeypatch.setattr(call_module.time, "time_ns", lambda: next(epochs))
+    assert call_module.clock_anchor() == (10_000_150, 2_000)

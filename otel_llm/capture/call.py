@@ -35,6 +35,25 @@ __all__ = [
 ]
 
 perf_ns = time.perf_counter_ns
+_ANCHOR_GAP_NS = 20_000  # a (perf, epoch) pair read further apart than this was preempted: read again
+
+
+def clock_anchor() -> tuple[int, int]:
+    """``(perf_counter_ns, time_ns)`` read together, so spans of two processes line up: a pair
+    split by a preemption (milliseconds on a loaded machine) would shift every epoch time derived
+    from it. Three tries at most; normally the first pair is a few hundred nanoseconds apart."""
+    best = (0, 0)
+    best_gap = None
+    for _ in range(3):
+        before = perf_ns()
+        epoch = time.time_ns()
+        after = perf_ns()
+        gap = after - before
+        if best_gap is None or gap < best_gap:
+            best, best_gap = ((before + after) // 2, epoch), gap
+        if gap <= _ANCHOR_GAP_NS:
+            break
+    return best
 
 # Indices into LlmCall.marks (perf-counter nanoseconds; 0 = did not happen).
 CONNECT_START, DNS_START, DNS_END, CONNECT_END, TLS_START, TLS_END = range(6)
@@ -114,8 +133,7 @@ class LlmCall:
     )
 
     def __init__(self, sink: CallSink, route: Route, request: CallRequest) -> None:
-        self.t0 = perf_ns()
-        self.epoch0 = time.time_ns()
+        self.t0, self.epoch0 = clock_anchor()
         self.sink = sink
         self.route = route
         self.request = request

@@ -25,6 +25,7 @@ from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 from opentelemetry.trace import NonRecordingSpan, SpanKind, Status, StatusCode, TracerProvider
 
 from otel_llm import semconv as sc
+from otel_llm.capture.call import clock_anchor
 from otel_llm.telemetry.spans import CallSpan, SdkSpanSink, make_sink
 from otel_llm.parse.routes import match_route
 from otel_llm.version import __version__
@@ -56,8 +57,8 @@ class Exchange:
     method: str
     path: str
     client: tuple[str, int] | None
-    t0: int = field(default_factory=_perf_ns)
-    epoch0: int = field(default_factory=time.time_ns)
+    t0: int = 0
+    epoch0: int = 0
     key_id: str | None = None
     model: str | None = None
     outcome: str = "allowed"
@@ -73,6 +74,10 @@ class Exchange:
     complete: bool = False  # the last byte of the response was handed to the server
     recorded: bool = True  # False: a refusal past its address's budget, counted in the metrics only
     error: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.t0:
+            self.t0, self.epoch0 = clock_anchor()
 
     def epoch(self, t_ns: int) -> int:
         return self.epoch0 + (t_ns - self.t0)
