@@ -57,6 +57,9 @@ def test_side_by_side_with_vllm_bench_serve(vllm: VllmServer, tmp_path: Path) ->
         assert theirs["output_tokens"] == ours["output_tokens"] == 64  # ignore_eos on both sides
         assert abs(ours["prompt_tokens"] - theirs["prompt_tokens"]) <= 6  # the same prompt length, as vLLM counts
         assert theirs["cached_prompt_tokens"] == ours["cached_prompt_tokens"] == 0  # both measured prefill
+        for run in (theirs, ours):  # vLLM's own TTFT starts when the request arrived: within the client's
+            assert 0 < run["server_ttft_mean_ms"] < run["ttft_mean_ms"], run
+    assert "the client's part of TTFT" in proc.stdout
     for key, ratio in result["ratio"].items():  # the same range; the targets are the script's --check
         assert 0.6 < ratio < 1.67, (key, ratio, proc.stdout)
 

@@ -89,6 +89,15 @@ def test_network_path_flags_slower_target_on_same_native_timings() -> None:
     assert v.remedy.startswith("the path (tunnel, proxy, TLS, distance) costs the time")
 
 
+def test_prompt_evaluation_jitter_far_below_the_extra_wait_still_means_the_same_work() -> None:
+    """On a busy machine 48 vs 62 ms of prefill is outside the 20 % / 10 ms tolerance, but cannot
+    explain 210 ms more before the first byte; 48 vs 200 ms could (most of it)."""
+    jitter = network_path_verdicts([_target("a", 0.005, prompt_eval=0.048), _target("b", 0.215, prompt_eval=0.062)])
+    assert [v.code for v in jitter] == ["network_path"]
+    more_work = network_path_verdicts([_target("a", 0.005, prompt_eval=0.048), _target("b", 0.215, prompt_eval=0.2)])
+    assert more_work == []
+
+
 def test_network_path_no_verdict_cases() -> None:
     # different native prompt evaluation: the model did more work, not the path
     assert network_path_verdicts([_target("a", 0.02, prompt_eval=0.01), _target("b", 0.3, prompt_eval=0.25)]) == []

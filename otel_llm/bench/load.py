@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import random
+import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -235,7 +237,7 @@ async def _run(result: LevelResult, workload: Workload, headers: Mapping[str, st
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     timeout = httpx.Timeout(workload.timeout, connect=10.0)
     done = 0
-    async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as client:
+    async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False, verify=tls_verify()) as client:
         t0 = result.t0 = time.perf_counter()
         deadline = t0 + level.seconds
 
@@ -315,6 +317,16 @@ async def _cancel(tasks: list[asyncio.Future[None]]) -> None:
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def tls_verify() -> ssl.SSLContext | bool:
+    """The certificates to trust: ``SSL_CERT_FILE``/``SSL_CERT_DIR`` when set (a local CA), else
+    httpx's default. Proxy variables stay ignored (``trust_env=False``): a benchmark measures the
+    path to the server it names."""
+    cafile, capath = os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR")
+    if not cafile and not capath:
+        return True
+    return ssl.create_default_context(cafile=cafile or None, capath=capath or None)
 
 
 def _tracer() -> trace.Tracer:

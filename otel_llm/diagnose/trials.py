@@ -56,6 +56,8 @@ class Trial:
     runtime: str | None = None
     trace_id: str | None = None
     phases: dict[str, float] = field(default_factory=dict)
+    # response headers that say what the answer passed through (no credentials among them)
+    response_headers: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -202,6 +204,7 @@ class TrialRunner:
         try:
             with self.client.stream("POST", self.url, json=payload, headers=self.headers) as response:
                 trial.status = response.status_code
+                trial.response_headers = path_headers(response.headers)
                 if response.status_code >= 400:
                     body = response.read().decode("utf-8", "replace")
                     trial.error = "http_error"
@@ -248,6 +251,15 @@ class TrialRunner:
                  and format(s.context.trace_id, "032x") == record.trace_id]
         _fill_from_calls(trial, calls, spans)
         return trial
+
+
+PATH_HEADERS = ("content-type", "content-encoding", "server", "via", "x-accel-buffering", "cache-control")
+
+
+def path_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The response headers that point at an intermediary (a proxy's Server or Via, compression
+    of an event stream, X-Accel-Buffering), each clipped."""
+    return {name: str(headers[name])[:120] for name in PATH_HEADERS if name in headers}
 
 
 def _fill_from_calls(trial: Trial, calls: list[ReadableSpan], spans: list[ReadableSpan]) -> None:

@@ -206,15 +206,38 @@ def _buffering(warm: list[Trial]) -> Verdict | None:
     judged = [t for t in warm if t.stream_buffered is not None]
     if not judged:
         return None
-    buffered = sum(1 for t in judged if t.stream_buffered)
-    if buffered / len(judged) < THRESHOLDS["buffered_share"] or buffered == 0:
+    buffered = [t for t in judged if t.stream_buffered]
+    if len(buffered) / len(judged) < THRESHOLDS["buffered_share"] or not buffered:
         return None
     gap = median(t.max_chunk_gap for t in warm)
-    return Verdict("buffering", f"{buffered} of {len(judged)} warm streams arrived in bursts after silences "
-                   f"(median longest gap {gap or 0:.3f} s): an intermediary buffers the stream",
-                   {"buffered_trials": buffered, "judged_trials": len(judged), "median_max_chunk_gap_s": _r(gap)},
+    shares = {key: median(getattr(t, key) / t.total for t in buffered if getattr(t, key) is not None and t.total)
+              for key in ("ttfb", "ttft")}
+    per_chunk = median(t.output_tokens / t.chunks for t in buffered if t.output_tokens and t.chunks)
+    headers = buffered[0].response_headers
+    evidence = {"buffered_trials": len(buffered), "judged_trials": len(judged), "median_max_chunk_gap_s": _r(gap),
+                "first_byte_share_of_total": _r(shares["ttfb"]), "first_token_share_of_total": _r(shares["ttft"]),
+                "tokens_per_chunk": _r(per_chunk, 1), "response_headers": headers}
+    held = shares["ttft"] is not None and shares["ttft"] >= 0.9
+    how = ("every token arrived at the end, with the response head" if held and (shares["ttfb"] or 0) >= 0.9
+           else "every token arrived at the end" if held else
+           f"streams arrived in bursts after silences (median longest gap {gap or 0:.3f} s)")
+    return Verdict("buffering", f"{len(buffered)} of {len(judged)} warm streams: {how}; an intermediary buffers "
+                   f"the stream{_buffering_cause(headers)}", evidence,
                    "an intermediary buffers the stream: disable response buffering in the proxy/gateway "
-                   "(e.g. proxy_buffering off, X-Accel-Buffering: no) or read the stream incrementally in the client")
+                   "(nginx: proxy_buffering off and no proxy_ignore_headers X-Accel-Buffering; no gzip of "
+                   "text/event-stream), or read the stream incrementally in the client")
+
+
+def _buffering_cause(headers: dict[str, str]) -> str:
+    """What the response headers say about the intermediary, as a clause (or "")."""
+    found = []
+    if headers.get("content-encoding") and "event-stream" in headers.get("content-type", ""):
+        found.append(f"the event stream is compressed (Content-Encoding: {headers['content-encoding']})")
+    if headers.get("via"):
+        found.append(f"it passed {headers['via']} (Via)")
+    if headers.get("server"):
+        found.append(f"the answer came from {headers['server']} (Server)")
+    return f": {'; '.join(found)}" if found else ""
 
 
 def verdicts(result: TargetResult) -> list[Verdict]:

@@ -242,13 +242,16 @@ class Telemetry:
         cold = diagnosis.cold_start(counters, admission.after_unload)
         if cold is not None:
             attrs[sc.LLM_DIAGNOSIS_COLD_START] = cold
-        buffered = diagnosis.stream_buffered(call.scanner) if streamed and call.scanner is not None else None
+        held = buffered = None
+        if streamed and call.scanner is not None:
+            held = diagnosis.held_back(call.scanner, call.marks[HEADERS], call.marks[BODY_SENT], counters)
+            buffered = diagnosis.stream_buffered(call.scanner, held)
         if buffered is not None:
             attrs[sc.LLM_DIAGNOSIS_STREAM_BUFFERED] = buffered
         attrs[sc.LLM_DIAGNOSIS_CONCURRENT_REQUESTS] = admission.concurrent
         if admission.retry:
             attrs[sc.LLM_DIAGNOSIS_RETRY] = True
-        choke = diagnosis.bottleneck(phases, unaccounted, counters, streamed, buffered, admission.concurrent)
+        choke = diagnosis.bottleneck(phases, unaccounted, counters, streamed, buffered, admission.concurrent, held)
         if choke is not None:
             attrs[sc.LLM_DIAGNOSIS_BOTTLENECK] = choke
         if counters is None or not anchor:

@@ -11,7 +11,12 @@
 * ``stream_buffered``: tokens arrived in bursts after silences: on average at least
   ``BURST_TOKENS`` token events per arrival group (chunks less than 1 ms apart), and a silence of
   at least ``SILENCE_FACTOR`` times the mean token interval. A healthy stream, even a fast one,
-  arrives about one token per group.
+  arrives about one token per group. Or, whatever the count of tokens (two or more), they were
+  held back and released at once: the runtime reports generating them over at least
+  ``HELD_MIN_SECONDS`` but they reached the client within ``HELD_SHARE`` of that time; or (the
+  runtime's durations unknown) the response head itself arrived with the tokens, all in one
+  burst, after a wait of at least ``HELD_MIN_SECONDS`` (a streaming server sends its head first;
+  a buffering proxy holds it with the body).
 * ``bottleneck``: the category with the largest share of the call: ``network``, ``queue``,
   ``load``, ``prefill``, ``decode``, ``buffering`` or ``download``. Without the runtime's
   durations the server's wait cannot be split: it counts as ``queue`` when other calls to the same server were
@@ -25,6 +30,8 @@ from typing import TYPE_CHECKING
 
 from otel_llm import semconv as sc
 
+from otel_llm.parse.framing import GROUP_NS
+
 if TYPE_CHECKING:
     from otel_llm.telemetry.phases import Phase
     from otel_llm.parse.framing import StreamScanner
@@ -34,6 +41,8 @@ COLD_LOAD_SECONDS = 0.25
 BURST_TOKENS = 3.0
 SILENCE_FACTOR = 3.0
 MIN_TOKENS_FOR_BUFFERING = 8
+HELD_MIN_SECONDS = 0.05
+HELD_SHARE = 0.25
 _NS = 1e-9
 _NETWORK = {sc.SPAN_DNS, sc.SPAN_CONNECT, sc.SPAN_TLS, sc.SPAN_UPLOAD}
 
@@ -70,10 +79,15 @@ def cold_start(counters: RuntimeCounters | None, after_unload: bool) -> bool | N
     return counters.load_duration >= COLD_LOAD_SECONDS
 
 
-def stream_buffered(scanner: StreamScanner) -> bool | None:
+def stream_buffered(scanner: StreamScanner, held: bool | None = None) -> bool | None:
+    """See the module docstring; ``held`` is :func:`held_back`'s answer for this stream."""
     tokens = scanner.token_events
-    if tokens < MIN_TOKENS_FOR_BUFFERING or not scanner.arrival_groups:
+    if tokens < 2 or not scanner.arrival_groups:
         return None
+    if held:
+        return True
+    if tokens < MIN_TOKENS_FOR_BUFFERING:
+        return False if held is False else None  # too short for bursts; not held, by the runtime's account
     span_ns = scanner.last_token_ns - scanner.first_token_ns
     if span_ns <= 0:
         return True  # every token arrived at once
@@ -82,9 +96,27 @@ def stream_buffered(scanner: StreamScanner) -> bool | None:
             and scanner.max_gap_ns >= SILENCE_FACTOR * mean_interval)
 
 
+def held_back(scanner: StreamScanner, head_ns: int, sent_ns: int, counters: RuntimeCounters | None) -> bool | None:
+    """Whether the stream's tokens were held and released together (see the module docstring):
+    by the runtime's own generation time when it reports one, else by the response head arriving
+    with them; None when neither can tell. ``head_ns``: the response head's arrival, ``sent_ns``:
+    the request's (perf-counter nanoseconds, 0 = unknown)."""
+    if scanner.token_events < 2 or not scanner.arrival_groups:
+        return None
+    span_ns = scanner.last_token_ns - scanner.first_token_ns
+    generated = counters.generation_duration if counters is not None else None
+    if generated is not None and generated >= HELD_MIN_SECONDS:
+        return span_ns * _NS < HELD_SHARE * generated
+    if not head_ns or not sent_ns:
+        return None
+    head_with_tokens = scanner.arrival_groups == 1 and scanner.first_token_ns - head_ns < GROUP_NS
+    return True if head_with_tokens and (head_ns - sent_ns) * _NS >= HELD_MIN_SECONDS else None
+
+
 def bottleneck(phases: list[Phase], unaccounted: float | None, counters: RuntimeCounters | None,
-               streaming: bool, buffered: bool | None, concurrent: int) -> str | None:
-    """The category with the largest share of the call (see the module docstring)."""
+               streaming: bool, buffered: bool | None, concurrent: int, held: bool | None = None) -> str | None:
+    """The category with the largest share of the call (see the module docstring). Tokens held
+    back (``held``) make the unexplained wait before them buffering: the generation happened in it."""
     shares: dict[str, float] = {}
 
     def add(name: str, seconds: float | None) -> None:
@@ -105,11 +137,12 @@ def bottleneck(phases: list[Phase], unaccounted: float | None, counters: Runtime
         elif phase.name == sc.SPAN_DOWNLOAD:
             add("download", seconds)
     if unaccounted is not None and counters is not None and _reported_wait(counters, streaming):
-        add("queue", (counters.queue_duration or 0.0) + unaccounted)
+        add("queue", counters.queue_duration)
+        add("buffering" if held else "queue", unaccounted)
         add("load", counters.load_duration)
         add("prefill", (counters.prompt_eval_duration or 0.0) + (counters.validation_duration or 0.0))
         if not streaming:
             add("decode", counters.generation_duration)
     else:
-        add("queue" if concurrent else ("prefill" if streaming else "decode"), waiting)
+        add("buffering" if held else "queue" if concurrent else ("prefill" if streaming else "decode"), waiting)
     return max(shares, key=shares.__getitem__) if shares else None
