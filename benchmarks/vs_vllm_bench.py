@@ -62,12 +62,12 @@ def vllm_bench(python: str, args: argparse.Namespace, seed: int, out_dir: Path) 
                "--endpoint", "/v1/chat/completions", "--model", args.model, "--tokenizer", args.tokenizer,
                "--dataset-name", "random", "--random-input-len", str(args.input_len),
                "--random-output-len", str(args.output_len), "--num-prompts", str(args.requests),
-               "--max-concurrency", str(args.concurrency), "--request-rate", "inf", "--ignore-eos",
+               *_vllm_load(args), "--ignore-eos",
                "--seed", str(seed), "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
                "--disable-tqdm", "--save-result", "--result-dir", str(out_dir), "--result-filename", name]
     _run(args.cpus, command, cwd=out_dir)
     doc = json.loads((out_dir / name).read_text())
-    return {"ttft_p50_ms": doc["median_ttft_ms"], "tpot_p50_ms": doc["median_tpot_ms"],
+    return {"ttft_p50_ms": doc["median_ttft_ms"], "ttft_mean_ms": doc["mean_ttft_ms"], "tpot_p50_ms": doc["median_tpot_ms"],
             "output_throughput": doc["output_throughput"], "completed": doc["completed"],
             "prompt_tokens": doc["total_input_tokens"] / max(1, doc["completed"]),
             "output_tokens": doc["total_output_tokens"] / max(1, doc["completed"])}
@@ -76,25 +76,52 @@ def vllm_bench(python: str, args: argparse.Namespace, seed: int, out_dir: Path) 
 def otel_bench(args: argparse.Namespace, prompt_tokens: int, index: int, out_dir: Path) -> dict[str, Any]:
     path = out_dir / f"otel-{index}.json"
     command = [sys.executable, "-m", "otel_llm.cli.main", "bench", args.url, "--model", args.model,
-               "--concurrency", str(args.concurrency), "--requests", str(args.requests),
+               *_otel_load(args, index), "--requests", str(args.requests),
                "--prompt-tokens", str(prompt_tokens), "--output-tokens", str(args.output_len),
                "--warmup", "1", "--json", str(path)]
     env = {**os.environ, "OTEL_LLM_TRACES_FILE": str(out_dir / "traces.jsonl")}
     _run(args.cpus, command, cwd=out_dir, env=env)
     level = json.loads(path.read_text())["levels"][0]
-    return {"ttft_p50_ms": level["ttft"]["p50"] * 1000, "tpot_p50_ms": level["tpot"]["p50"] * 1000,
+    return {"ttft_p50_ms": level["ttft"]["p50"] * 1000, "ttft_mean_ms": level["ttft"]["mean"] * 1000,
+            "tpot_p50_ms": level["tpot"]["p50"] * 1000,
             "output_throughput": level["output_throughput"], "completed": level["completed"],
             "prompt_tokens": level["input_tokens"] / max(1, level["completed"]),
             "output_tokens": level["output_tokens"] / max(1, level["completed"])}
 
 
-_CACHE_HITS = re.compile(r"^vllm:prefix_cache_hits_total\{[^}]*\} ([0-9.e+]+)$", re.MULTILINE)
+def _vllm_load(args: argparse.Namespace) -> list[str]:
+    if args.rate is None:  # closed loop: vLLM's bench sends as fast as its concurrency cap allows
+        return ["--max-concurrency", str(args.concurrency), "--request-rate", "inf"]
+    return ["--request-rate", str(args.rate)]  # open loop: Poisson arrivals (its default burstiness 1)
 
 
-def cached_tokens(url: str) -> float:
-    """vLLM's prefix-cache hits so far, in tokens (its /metrics)."""
+def _otel_load(args: argparse.Namespace, index: int) -> list[str]:
+    if args.rate is None:
+        return ["--concurrency", str(args.concurrency)]
+    return ["--rate", str(args.rate), "--seed", str(random.randrange(1, 2**31) + index)]
+
+
+def _sample(name: str) -> re.Pattern[str]:
+    return re.compile(r"^" + re.escape(name) + r"(?:\{[^}]*\})? ([0-9.e+-]+)$", re.MULTILINE)
+
+
+_CACHE_HITS = _sample("vllm:prefix_cache_hits_total")
+_TTFT_SUM, _TTFT_COUNT = _sample("vllm:time_to_first_token_seconds_sum"), _sample("vllm:time_to_first_token_seconds_count")
+
+
+def server_counters(url: str) -> dict[str, float]:
+    """From vLLM's /metrics: prefix-cache hits (tokens) and its own time-to-first-token histogram's
+    sum and count (from a request's arrival in the server to its first token)."""
     with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=10) as response:
-        return sum(float(v) for v in _CACHE_HITS.findall(response.read().decode()))
+        text = response.read().decode()
+    return {key: sum(float(v) for v in pattern.findall(text))
+            for key, pattern in (("cached", _CACHE_HITS), ("ttft_sum", _TTFT_SUM), ("ttft_count", _TTFT_COUNT))}
+
+
+def _server_figures(before: dict[str, float], after: dict[str, float]) -> dict[str, float | None]:
+    count = after["ttft_count"] - before["ttft_count"]
+    return {"cached_prompt_tokens": after["cached"] - before["cached"],
+            "server_ttft_mean_ms": (after["ttft_sum"] - before["ttft_sum"]) / count * 1000 if count else None}
 
 
 def _run(cpus: str | None, command: list[str], **kw: Any) -> None:
@@ -110,7 +137,13 @@ def compare(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
     out: dict[str, Any] = {"rounds": rounds, "median": {}, "ratio": {}, "within_target": {}}
     for tool in ("vllm", "otel"):
         out["median"][tool] = {k: statistics.median(r[tool][k] for r in rounds)
-                               for k in (*FIGURES, "prompt_tokens", "output_tokens")}
+                               for k in (*FIGURES, "prompt_tokens", "output_tokens", "ttft_mean_ms")}
+        # the client's share of TTFT: its mean TTFT minus vLLM's own (arrival in the server -> first token)
+        parts = [r[tool]["ttft_mean_ms"] - r[tool]["server_ttft_mean_ms"] for r in rounds
+                 if r[tool].get("server_ttft_mean_ms") is not None]
+        servers = [r[tool]["server_ttft_mean_ms"] for r in rounds if r[tool].get("server_ttft_mean_ms") is not None]
+        out["median"][tool]["server_ttft_mean_ms"] = statistics.median(servers) if servers else None
+        out["median"][tool]["client_ttft_part_ms"] = statistics.median(parts) if parts else None
     for key in FIGURES:
         ratio = statistics.median(r["otel"][key] / r["vllm"][key] for r in rounds if r["vllm"][key])
         out["ratio"][key] = ratio
@@ -120,23 +153,32 @@ def compare(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
 
 def table(result: dict[str, Any]) -> str:
     lines = [f"{'round':<7}{'tool':<16}{'TTFT p50 ms':>12}{'TPOT p50 ms':>12}{'out tok/s':>11}{'prompt':>8}"
-             f"{'output':>8}{'cached':>8}"]
+             f"{'output':>8}{'cached':>8}{'TTFT mean':>10}{'vLLM TTFT':>10}"]
     names = {"vllm": "vllm bench", "otel": "otel-llm bench"}
     for i, r in enumerate(result["rounds"], 1):
         for tool in r["order"]:
             f = r[tool]  # cached: prompt tokens vLLM found in its prefix cache during the run
             lines.append(f"{i:<7}{names[tool]:<16}{f['ttft_p50_ms']:>12.1f}{f['tpot_p50_ms']:>12.2f}"
                          f"{f['output_throughput']:>11.1f}{f['prompt_tokens']:>8.0f}{f['output_tokens']:>8.0f}"
-                         f"{f['cached_prompt_tokens']:>8.0f}")
+                         f"{f['cached_prompt_tokens']:>8.0f}{f['ttft_mean_ms']:>10.1f}{_num(f.get('server_ttft_mean_ms'))}")
     for tool in ("vllm", "otel"):
         m = result["median"][tool]
         lines.append(f"{'median':<7}{names[tool]:<16}{m['ttft_p50_ms']:>12.1f}{m['tpot_p50_ms']:>12.2f}"
-                     f"{m['output_throughput']:>11.1f}{m['prompt_tokens']:>8.0f}{m['output_tokens']:>8.0f}")
+                     f"{m['output_throughput']:>11.1f}{m['prompt_tokens']:>8.0f}{m['output_tokens']:>8.0f}{'':>8}"
+                     f"{m['ttft_mean_ms']:>10.1f}{_num(m['server_ttft_mean_ms'])}")
+    parts = {tool: result["median"][tool]["client_ttft_part_ms"] for tool in ("vllm", "otel")}
+    if None not in parts.values():
+        lines.append("the client's part of TTFT (mean TTFT - vLLM's own mean, median over rounds): "
+                     f"vllm bench {parts['vllm']:.1f} ms, otel-llm bench {parts['otel']:.1f} ms")
     ratio, ok = result["ratio"], result["within_target"]
     lines.append("otel-llm / vllm (median of per-round ratios): " + ", ".join(
         f"{key.replace('_', ' ')} {ratio[key]:.3f} ({'within' if ok[key] else 'OFF'} ±{TARGETS[key]:.0%})"
         for key in FIGURES))
     return "\n".join(lines)
+
+
+def _num(value: float | None) -> str:
+    return f"{'-':>10}" if value is None else f"{value:>10.1f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--tokenizer", help="the served model's tokenizer directory (default: the tiny model's)")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--concurrency", type=int, default=4, help="closed loop: requests in flight (default 4)")
+    parser.add_argument("--rate", type=float, help="open loop instead: Poisson arrivals per second, both tools")
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=64)
@@ -183,14 +226,14 @@ def _rounds(args: argparse.Namespace, python: str, out: Path) -> list[dict[str, 
         order = ("vllm", "otel") if index % 2 == 0 else ("otel", "vllm")
         figures: dict[str, Any] = {"order": order}
         for tool in order:
-            before = cached_tokens(args.url)
+            before = server_counters(args.url)
             if tool == "vllm":
                 figures["seed"] = random.randrange(1, 2**31)
                 figures["vllm"] = vllm_bench(python, args, figures["seed"], out)
                 prompt_tokens = prompt_tokens or round(figures["vllm"]["prompt_tokens"])
             else:
                 figures["otel"] = otel_bench(args, prompt_tokens, index, out)
-            figures[tool]["cached_prompt_tokens"] = cached_tokens(args.url) - before
+            figures[tool].update(_server_figures(before, server_counters(args.url)))
         rounds.append(figures)
         print(f"round {index + 1}/{args.rounds}: " + "; ".join(
             f"{tool} TTFT {figures[tool]['ttft_p50_ms']:.1f} ms, TPOT {figures[tool]['tpot_p50_ms']:.2f} ms, "
