@@ -20,15 +20,10 @@ import pytest
 
 from otel_llm.gateway.process import GatewayProcess
 from tests.helpers_servers import wait_for
-from tests.test_gateway_security import RecordingUpstream, Reply, raw_request, request_bytes
+from tests.test_gateway_security import RecordingUpstream, Reply, _env, raw_request, request_bytes
 
 HEAD_TIMEOUT = 1.5  # the short gateway's header, body and idle timeouts (seconds)
 SLACK = 6.0  # how much later than its timeout a refusal may come on a loaded machine
-
-
-def _env(workdir: Path, name: str) -> dict[str, str]:
-    return {"OTEL_LLM_HOST_METRICS": "false", "OTEL_LLM_GPU_METRICS": "false", "OTEL_LLM_RUNTIME_METRICS": "false",
-            "OTEL_LLM_TRACES_FILE": str(workdir / f"{name}-traces.jsonl")}
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import logging
 import logging.handlers
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry import propagate, trace

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from otel_llm._process import terminate
+from otel_llm.testing.llamacpp import free_port
 
 __all__ = ["NGINX", "SHIPPED_CONF", "NginxError", "NginxProxy", "ensure_nginx", "render"]
 
@@ -72,12 +73,6 @@ def render(text: str, port: int, upstream: str, cert: str, key: str) -> str:
     return text
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 class NginxProxy:
     """nginx with TLS on ``127.0.0.1:port`` in front of ``upstream`` (host:port); a context manager.
     ``edit`` rewrites the rendered configuration (a proxy configured otherwise)."""
@@ -99,7 +94,7 @@ class NginxProxy:
 
     def start(self) -> NginxProxy:
         binary = ensure_nginx()
-        self.port = _free_port()
+        self.port = free_port()
         site = render(self.conf.read_text(), self.port, self.upstream, self.cert, self.key)
         (self._dir / "site.conf").write_text(self.edit(site) if self.edit else site)
         (self._dir / "nginx.conf").write_text(_MAIN.format(dir=self._dir))
