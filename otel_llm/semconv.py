@@ -36,6 +36,7 @@ SERVER_PORT = "server.port"
 URL_FULL = "url.full"
 HTTP_REQUEST_METHOD = "http.request.method"
 HTTP_RESPONSE_STATUS_CODE = "http.response.status_code"
+HTTP_REQUEST_BODY_SIZE = "http.request.body.size"  # bytes of the request body as sent
 ERROR_TYPE = "error.type"
 OTEL_METRIC_OVERFLOW = "otel.metric.overflow"  # the attribute set past a metric's cardinality limit
 NETWORK_PEER_ADDRESS = "network.peer.address"
@@ -233,3 +234,12 @@ QUEUE_WAIT_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5
 ENV_CAPTURE_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 
 INSTRUMENTATION_NAME = "otel_llm"
+
+# --- Request size without content (what an application resends on every turn) -------------
+LLM_REQUEST_MESSAGES = "llm.request.messages"  # messages (a prompt string counts as one user message)
+LLM_REQUEST_MESSAGES_PREFIX = "llm.request.messages."  # + role (system, user, ..., other): messages of it
+LLM_REQUEST_SYSTEM_BYTES = "llm.request.system.bytes"  # UTF-8 bytes of system/developer instructions
+LLM_REQUEST_LARGEST_MESSAGE_BYTES = "llm.request.largest_message.bytes"  # text and tool-call arguments
+LLM_REQUEST_TOOLS = "llm.request.tools"  # tool/function definitions sent
+LLM_REQUEST_TOOLS_BYTES = "llm.request.tools.bytes"  # their compact JSON
+LLM_REQUEST_ATTACHMENTS = "llm.request.attachments"  # images, audio, files in the messages

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -319,6 +320,9 @@ def test_prompt_sweep_on_the_real_llamacpp_server(tmp_path: Path) -> None:
     points = target["prompt_sweep"]
     assert len(points) == 2 and points[1]["prompt_tokens"] > 5 * points[0]["prompt_tokens"]
     assert points[1]["native_prompt_eval_s"] > points[0]["native_prompt_eval_s"]
+    # each sweep point says how big its request was, and the bigger prompt was the bigger request
+    assert 0 < points[0]["request_bytes"] < points[1]["request_bytes"]
+    assert re.search(r"^    \d+ prompt tokens \([\d.]+ (B|KiB) request\): ", result.stdout, re.M), result.stdout
     assert 30 < target["prefill_fit"]["native"]["tokens_per_second"] < 5000
     assert target["runtime"]["name"] == "llama.cpp"
 

@@ -180,7 +180,48 @@ def _header(call: ModelCall, width: int) -> list[str]:
     server = f"{address}:{port}" if address and port is not None else address
     first = [span.get("name") or "model call", server, _status(span), _format_start(call.start_ns),
              f"total {format_duration(call.duration_ns / 1e9)}"]
-    return ["  ".join(str(p) for p in first if p), *_pack(_measurements(attrs) + _diagnosis(attrs), width)]
+    return ["  ".join(str(p) for p in first if p), *_pack(_measurements(attrs) + _diagnosis(attrs), width),
+            *_pack(_request(attrs), width)]
+
+
+def format_bytes(value: float) -> str:
+    """``812 B``, ``12.3 KiB``, ``4.0 MiB``."""
+    if value < 1024:
+        return f"{int(value)} B"
+    if value < 1024 * 1024:
+        return f"{value / 1024:.1f} KiB"
+    return f"{value / (1024 * 1024):.1f} MiB"
+
+
+_ROLE_ORDER = ("system", "developer", "user", "assistant", "tool", "function", "other")
+
+
+def _request(attrs: Mapping[str, Any]) -> list[str]:
+    """What the request was made of: its size, messages by role, instructions, tools, attachments."""
+    parts = []
+    body = finite_number(attrs.get(sc.HTTP_REQUEST_BODY_SIZE))
+    if body is not None:
+        parts.append(f"request {format_bytes(body)}")
+    messages = attrs.get(sc.LLM_REQUEST_MESSAGES)
+    if isinstance(messages, int):
+        roles = [f"{attrs[key]} {role}" for role in _ROLE_ORDER
+                 if isinstance(attrs.get(key := sc.LLM_REQUEST_MESSAGES_PREFIX + role), int)]
+        parts.append(f"{messages} messages" + (f" ({', '.join(roles)})" if roles else ""))
+    for key, label in ((sc.LLM_REQUEST_SYSTEM_BYTES, "system"),
+                       (sc.LLM_REQUEST_LARGEST_MESSAGE_BYTES, "largest message")):
+        value = finite_number(attrs.get(key))
+        if value is not None:
+            parts.append(f"{label} {format_bytes(value)}")
+    tools, tools_bytes = attrs.get(sc.LLM_REQUEST_TOOLS), finite_number(attrs.get(sc.LLM_REQUEST_TOOLS_BYTES))
+    if isinstance(tools, int):
+        parts.append(f"{tools} tools" + (f" {format_bytes(tools_bytes)}" if tools_bytes is not None else ""))
+    attachments = attrs.get(sc.LLM_REQUEST_ATTACHMENTS)
+    if isinstance(attachments, int) and attachments:
+        parts.append(f"{attachments} attachments")
+    limit = attrs.get(sc.GEN_AI_REQUEST_MAX_TOKENS)
+    if isinstance(limit, int):
+        parts.append(f"max_tokens {limit}")
+    return parts
 
 
 def _diagnosis(attrs: Mapping[str, Any]) -> list[str]:

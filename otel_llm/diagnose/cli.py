@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from otel_llm.cli._auth import add_auth_argument, read_auth
+from otel_llm.cli.view import format_bytes
 
 from . import sweep
 from .authcheck import auth_check, auth_findings, auth_verdicts
@@ -249,7 +250,8 @@ def _diagnose(runner: TrialRunner, url: str, args: argparse.Namespace, settings:
         _progress(done, len(sizes), "    prompt sizes")
         trial = runner.one("prompt", sentences, prompt=sweep_prompt(sentences, uuid.uuid4().hex[:8]))
         result.prompt_sweep.append(trial)
-        say(f"    {trial.input_tokens or trial.prompt_tokens or '?'} prompt tokens: " + report.trial_line(trial))
+        size = f" ({format_bytes(trial.request_bytes)} request)" if trial.request_bytes is not None else ""
+        say(f"    {trial.input_tokens or trial.prompt_tokens or '?'} prompt tokens{size}: " + report.trial_line(trial))
     fitted = sweep.fit(result.prompt_sweep)
     for label in ("native", "client"):
         if fitted.get(label):

@@ -34,7 +34,8 @@ def fit(trials: Sequence[Trial]) -> dict[str, Any]:
     reports it) and from the client's time to first token; None where it cannot be fitted."""
     ok = [t for t in trials if t.ok and _tokens(t) is not None]
     result: dict[str, Any] = {"points": [
-        {"prompt_tokens": _tokens(t), "ttft_s": t.ttft, "native_prompt_eval_s": t.prompt_eval} for t in ok]}
+        {"prompt_tokens": _tokens(t), "request_bytes": t.request_bytes, "ttft_s": t.ttft,
+         "native_prompt_eval_s": t.prompt_eval} for t in ok]}
     for label, values in (("native", [t.prompt_eval for t in ok]), ("client", [t.ttft for t in ok])):
         if any(v is None for v in values):
             result[label] = None

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 
+from otel_llm import semconv as sc
 from otel_llm.bench import workload
 from otel_llm.bench.load import Level, RequestRecord, RequestSpan, run_level
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -44,6 +45,7 @@ class Trial:
     prompt_eval: float | None = None
     prompt_tokens: int | None = None  # evaluated by the runtime (cached ones excluded)
     input_tokens: int | None = None  # the whole prompt, as the response's usage reports it
+    request_bytes: int | None = None  # the request body as sent (http.request.body.size)
     load: float | None = None
     queue: float | None = None
     output_tokens: int | None = None
@@ -131,6 +133,7 @@ def trial_from_spans(trial: Trial, call: ReadableSpan, children: list[ReadableSp
     trial.prompt_eval = _num(a, "llm.runtime.prompt_eval_duration")
     trial.prompt_tokens = _int(a, "llm.runtime.prompt_tokens")
     trial.input_tokens = _int(a, "gen_ai.usage.input_tokens")
+    trial.request_bytes = _int(a, sc.HTTP_REQUEST_BODY_SIZE)
     trial.load = _num(a, "llm.runtime.load_duration")
     trial.queue = _num(a, "llm.runtime.queue_duration")
     trial.output_tokens = _int(a, "llm.runtime.generation_tokens") or _int(a, "gen_ai.usage.output_tokens")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from otel_llm.parse import routes as r
+from otel_llm.parse.request_shape import RequestShape, request_shape
 
 MAX_PARSE_BYTES = 256 * 1024
 SCAN_WINDOW = 4 * 1024
@@ -43,6 +44,8 @@ class RequestInfo:
     messages: list | None = None
     system: object | None = None
     keep_alive: object | None = None
+    body_bytes: int | None = None
+    shape: RequestShape | None = None  # sizes and counts, from a parsed body
 
 
 def parse_request(api: str, body: bytes | None) -> RequestInfo:
@@ -50,6 +53,8 @@ def parse_request(api: str, body: bytes | None) -> RequestInfo:
     info = RequestInfo()
     try:
         data = _as_bytes(body)
+        if data is not None:
+            info.body_bytes = len(data)
         if data:
             if len(data) > MAX_PARSE_BYTES:
                 _scan_large(data, info)
@@ -57,6 +62,7 @@ def parse_request(api: str, body: bytes | None) -> RequestInfo:
                 doc = _loads(data)
                 if isinstance(doc, dict):
                     _fill(api, doc, info)
+                    info.shape = request_shape(doc, info.messages, info.system)
     except Exception:  # noqa: BLE001 - parsing must never break the host app
         pass
     _apply_defaults(api, info)

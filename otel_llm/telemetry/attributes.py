@@ -14,6 +14,7 @@ from otel_llm import semconv as sc
 if TYPE_CHECKING:
     from otel_llm.capture.call import CallRequest
     from otel_llm.parse.request import RequestInfo
+    from otel_llm.parse.request_shape import RequestShape
     from otel_llm.parse.response import ResponseInfo
     from otel_llm.parse.routes import Route
 
@@ -109,10 +110,27 @@ def request_attributes(endpoint: dict[str, Any], info: RequestInfo, capture_cont
         attrs[sc.GEN_AI_REQUEST_STOP_SEQUENCES] = list(info.stop_sequences)
     if info.stream:
         attrs[sc.GEN_AI_REQUEST_STREAM] = True
+    _put(attrs, sc.HTTP_REQUEST_BODY_SIZE, info.body_bytes)
+    if info.shape is not None:
+        _shape_attributes(info.shape, attrs)
     if capture_content:
         _put(attrs, sc.GEN_AI_INPUT_MESSAGES, _json(info.messages))
         _put(attrs, sc.GEN_AI_SYSTEM_INSTRUCTIONS, _json(info.system))
     return attrs
+
+
+def _shape_attributes(shape: RequestShape, attrs: dict[str, Any]) -> None:
+    """What the request is made of (counts and byte sizes; never its content)."""
+    if shape.messages is not None:
+        attrs[sc.LLM_REQUEST_MESSAGES] = shape.messages
+        for role, count in shape.by_role.items():
+            attrs[sc.LLM_REQUEST_MESSAGES_PREFIX + role] = count
+    _put(attrs, sc.LLM_REQUEST_SYSTEM_BYTES, shape.system_bytes)
+    _put(attrs, sc.LLM_REQUEST_LARGEST_MESSAGE_BYTES, shape.largest_message_bytes)
+    _put(attrs, sc.LLM_REQUEST_TOOLS, shape.tools)
+    _put(attrs, sc.LLM_REQUEST_TOOLS_BYTES, shape.tools_bytes)
+    if shape.attachments:
+        attrs[sc.LLM_REQUEST_ATTACHMENTS] = shape.attachments
 
 
 def _json(value: Any) -> str | None:
