@@ -246,6 +246,11 @@ def test_diagnose_names_vllm_and_never_calls_batching_queueing(vllm: VllmServer,
           [(round(t["decode"] or 0, 3), t["chunks"], t["stream_buffered"]) for t in target["warm"]])
     assert "queueing" not in codes and set(codes) <= {"healthy", "shared_compute"}, target["verdicts"]
     assert all(t["runtime"] == "vllm" for t in target["warm"])
+    # /v1/models gives max_model_len, and the prompt sweep stays within it: all three sizes are
+    # answered (at 512 tokens the full-size sweep would be refused with HTTP 400)
+    assert target["model"]["context_length"] == vllm.max_model_len and target["model"]["source"] == "/v1/models"
+    sweep = target["prompt_sweep"]
+    assert len(sweep) == 3 and all(p["prompt_tokens"] + 64 <= 0.8 * vllm.max_model_len for p in sweep), sweep
     for level in ("2", "3", "4"):
         trials = target["concurrency"][level]
         assert len(trials) == int(level) and all(t["status"] == 200 for t in trials)

@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     meter_provider = MeterProvider()
     # what each target is, from side-effect-free routes; a runtime proven there (vLLM, whose
     # answers do not say) is named to the instrumentation, so every trial carries it
-    detections = {url: detect(url, headers) for url in args.urls}
+    detections = {url: detect(url, headers, model=args.model) for url in args.urls}
     runtimes = {server_root(url): d.runtime for url, d in detections.items() if d.runtime}
     otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider, console_summary=False,
                         host_metrics=False, gpu_metrics=False, runtime_metrics=False, runtimes=runtimes)
@@ -217,8 +217,11 @@ def _diagnose(runner: TrialRunner, url: str, args: argparse.Namespace, settings:
         return result
     result.runtime_name = detection.runtime or first.runtime
     result.runtime_version = detection.version
+    result.model_info = detection.model
     runtime = f"{result.runtime_name or 'unknown'}" + (f" {result.runtime_version}" if result.runtime_version else "")
     say(f"    ok HTTP {first.status}, runtime {runtime}; " + report.trial_line(first))
+    if detection.model is not None and detection.model.context_length:
+        say(f"    context length {detection.model.context_length} tokens per request ({detection.model.source})")
 
     say(f"[2] warm-up (not recorded), then {settings['trials']} warm trials, one at a time")
     warmup = runner.one("warmup")
@@ -245,9 +248,15 @@ def _diagnose(runner: TrialRunner, url: str, args: argparse.Namespace, settings:
                                              on_trial=lambda trial: say("    " + report.trial_line(trial)))
 
     say(f"[4] prompt-size sweep, output limit fixed at {settings['max_tokens']} tokens")
-    sizes = sweep.QUICK_SIZES if args.quick else sweep.SIZES
+    context = result.model_info.context_length if result.model_info is not None else None
+    sizes = sweep.within_context(sweep.QUICK_SIZES if args.quick else sweep.SIZES, context, settings["max_tokens"])
+    if context and sizes != (sweep.QUICK_SIZES if args.quick else sweep.SIZES):
+        say(f"    sizes {', '.join(map(str, sizes))} sentences: the largest prompt and the output limit stay within "
+            f"{sweep.CONTEXT_SHARE:.0%} of the context length ({context} tokens)")
     for done, sentences in enumerate(sizes):
         _progress(done, len(sizes), "    prompt sizes")
+        if context and result.prompt_sweep:  # the sizes measured so far say what a sentence costs here
+            sentences = sweep.refit(sentences, result.prompt_sweep, context, settings["max_tokens"])
         trial = runner.one("prompt", sentences, prompt=sweep_prompt(sentences, uuid.uuid4().hex[:8]))
         result.prompt_sweep.append(trial)
         size = f" ({format_bytes(trial.request_bytes)} request)" if trial.request_bytes is not None else ""

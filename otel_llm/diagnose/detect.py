@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from otel_llm.parse.runtimes import PROBES
+from otel_llm.parse.runtimes import PROBES, ModelInfo, model_info
 
 __all__ = ["Detection", "detect", "detect_api", "runtime_hint", "server_root"]
 
@@ -35,6 +35,7 @@ class Detection:
     api: str | None = None  # "ollama" | "llamacpp" | "openai" | None
     runtime: str | None = None  # "ollama" | "llama.cpp" | "vllm" | None (not proven)
     version: str | None = None
+    model: ModelInfo | None = None  # from the runtime's metadata route, when the model was named
 
 
 def server_root(base_url: str) -> str:
@@ -95,21 +96,24 @@ def _suppressed() -> Any:
         return contextlib.nullcontext()
 
 
-def detect(base_url: str, headers: Mapping[str, str] | None = None, timeout: float = 3.0) -> Detection:
-    """Probe ``base_url`` (see the module docstring); never raises for network errors."""
+def detect(base_url: str, headers: Mapping[str, str] | None = None, timeout: float = 3.0,
+           model: str | None = None) -> Detection:
+    """Probe ``base_url`` (see the module docstring), then read what the proven runtime's
+    metadata route says about ``model`` (its context length...); never raises for network
+    errors."""
     prober = _Prober(base_url, headers, timeout)
     try:
         with _suppressed():
-            return _detect(prober)
+            return _detect(prober, model)
     finally:
         prober.client.close()
 
 
-def _detect(p: _Prober) -> Detection:
+def _detect(p: _Prober, model: str | None) -> Detection:
     for probe in PROBES:
         proof = probe(p)
         if proof is not None:
-            return Detection(proof.api, proof.runtime, proof.version)
+            return Detection(proof.api, proof.runtime, proof.version, model_info(p, proof.runtime, proof.api, model))
         if p.unreachable:
             break
     return Detection()

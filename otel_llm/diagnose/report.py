@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -103,6 +104,7 @@ def json_record(config: dict[str, Any], results: Sequence[TargetResult],
             "url": result.url,
             "api": result.api,
             "runtime": {"name": result.runtime_name, "version": result.runtime_version},
+            "model": dataclasses.asdict(result.model_info) if result.model_info is not None else None,
             "reachability": result.reachable.to_dict() if result.reachable else None,
             "cold": result.cold.to_dict() if result.cold else None,
             "warm": [t.to_dict() for t in result.warm],

@@ -10,6 +10,45 @@ from .trials import Trial
 
 SIZES = (2, 20, 80)  # sentences of about 12 tokens: ~40, ~260, ~1,000 prompt tokens
 QUICK_SIZES = (2, 30)
+# The largest prompt plus the output limit stays within this share of the context length the
+# runtime reported: a prompt over it would be refused (vLLM answers 400) or truncated.
+CONTEXT_SHARE = 0.8
+_TOKENS_PER_SENTENCE = 13  # a little over the ~12 measured, before a size of this run says better
+_FIXED_TOKENS = 48  # the question, the nonce and the chat template around them
+
+
+def _room(context: int, max_tokens: int) -> float:
+    return CONTEXT_SHARE * context - max_tokens - _FIXED_TOKENS
+
+
+def within_context(sizes: Sequence[int], context: int | None, max_tokens: int) -> tuple[int, ...]:
+    """``sizes`` (sentences), the larger ones brought within the context length and spread
+    evenly up to the largest that fits; unchanged when the context length is unknown or roomy."""
+    sizes = tuple(sizes)
+    if not context:
+        return sizes
+    largest = max(1, int(_room(context, max_tokens) // _TOKENS_PER_SENTENCE))
+    if largest >= max(sizes):
+        return sizes
+    low = min(min(sizes), largest)
+    count = len(sizes)
+    spread = [round(low + (largest - low) * i / (count - 1)) for i in range(count)] if count > 1 else [largest]
+    return tuple(sorted(set(spread)))
+
+
+def refit(sentences: int, done: Sequence[Trial], context: int, max_tokens: int) -> int:
+    """``sentences``, lowered if the sizes measured so far say it would not fit within the
+    context length: from the largest measured prompt, at the measured tokens per sentence (the
+    slope between two sizes, else the estimate)."""
+    # a prompt trial's index is its number of sentences
+    measured = sorted((t.index, _tokens(t)) for t in done if t.ok and t.index > 0 and _tokens(t))
+    if not measured:
+        return sentences
+    (low, low_tokens), (high, high_tokens) = measured[0], measured[-1]
+    per_sentence = (high_tokens - low_tokens) / (high - low) if high > low else _TOKENS_PER_SENTENCE
+    per_sentence = max(per_sentence, 1.0)
+    largest = high + int((CONTEXT_SHARE * context - max_tokens - high_tokens) // per_sentence)
+    return max(1, min(sentences, largest))
 
 
 def _tokens(trial: Trial) -> int | None:

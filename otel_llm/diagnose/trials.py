@@ -13,6 +13,7 @@ import httpx
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 
 from otel_llm import semconv as sc
+from otel_llm.parse.runtimes import ModelInfo
 from otel_llm.bench import workload
 from otel_llm.bench.load import Level, RequestRecord, RequestSpan, run_level
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -84,6 +85,7 @@ class TargetResult:
     cold_trials: list[Trial] = field(default_factory=list)  # deliberate ones (--cold), each from a reset
     runtime_name: str | None = None
     runtime_version: str | None = None
+    model_info: ModelInfo | None = None  # from the runtime's metadata route (context length...)
 
     @property
     def cold(self) -> Trial | None:

@@ -20,12 +20,12 @@ from types import ModuleType
 from otel_llm.parse._merge import Merge, ResponseInfo
 from otel_llm.parse.runtimes import llamacpp, lmstudio, ollama, openai_compat, sglang, tgi, vllm
 from otel_llm.parse.runtimes._common import (
-    Observed, Proof, Routes, RuntimeCounters, derive, log, native_of,
+    ModelInfo, Observed, Proof, Routes, RuntimeCounters, derive, log, native_of,
 )
 
 __all__ = [
     "ADMIN_PATHS", "READY_PATHS", "HEADER_READERS", "KNOWN_RUNTIMES", "OBSERVED", "PROBES", "Proof", "RESPONSE_READERS", "Routes",
-    "SOURCES", "Observed", "RuntimeCounters", "runtime_counters",
+    "SOURCES", "ModelInfo", "Observed", "RuntimeCounters", "model_info", "runtime_counters",
 ]
 
 _ADAPTERS: tuple[ModuleType, ...] = (ollama, llamacpp, vllm, tgi, sglang, lmstudio)
@@ -47,6 +47,26 @@ RESPONSE_READERS: tuple[tuple[tuple[str, ...], Callable[[Merge, dict], bool | No
 PROBES: tuple[Callable[[Routes], Proof | None], ...] = (
     llamacpp.probe, ollama.probe, vllm.probe, openai_compat.probe,
 )
+# the model's metadata (context length...) by proven runtime; any other OpenAI-compatible server
+# is read as one
+_MODEL_INFO: dict[str | None, Callable[[Routes, str | None], ModelInfo | None]] = {
+    llamacpp.NAME: llamacpp.model_info, vllm.NAME: vllm.model_info,
+}
+
+
+def model_info(routes: Routes, runtime: str | None, api: str | None, model: str | None) -> ModelInfo | None:
+    """What the server's side-effect-free routes say about ``model``; None when none does.
+    Never raises."""
+    reader = _MODEL_INFO.get(runtime)
+    if reader is None and api == openai_compat.API:
+        reader = openai_compat.model_info
+    try:
+        return reader(routes, model) if reader is not None else None
+    except Exception:  # noqa: BLE001 - an odd answer gives no metadata, never an error
+        log.debug("otel_llm: reading model metadata failed", exc_info=True)
+        return None
+
+
 # diagnose's routes by request flavour (``--api``): ready once the server is up, admin to be refused
 READY_PATHS: dict[str, str] = {a.API: a.READY_PATH for a in (llamacpp, ollama, openai_compat)}
 ADMIN_PATHS: dict[str, str] = {a.API: a.ADMIN_PATH for a in (llamacpp, ollama, openai_compat)}

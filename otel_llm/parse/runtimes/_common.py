@@ -61,6 +61,28 @@ class Proof(NamedTuple):
     version: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """What a runtime's side-effect-free metadata routes say about the model it serves."""
+
+    source: str  # the route it was read from, e.g. "/props"
+    context_length: int | None = None  # tokens one request may hold, prompt and output together
+    model: str | None = None  # the model's name or path as the runtime gives it
+    quantization: str | None = None
+    slots: int | None = None  # requests it serves at once (llama.cpp's slots)
+
+
+def positive_int(value: object) -> int | None:
+    """``value`` if it is a positive int below MAX_TOKENS (bools do not count), else None."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value if 0 < value < MAX_TOKENS else None
+
+
+def text_or_none(value: object) -> str | None:
+    return value[:256] if isinstance(value, str) and value else None
+
+
 class Routes(Protocol):
     """GET access to a server's routes for a probe; each path is fetched once."""
 

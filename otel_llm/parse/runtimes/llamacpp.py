@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from otel_llm.parse import _merge as m
 from otel_llm.parse._merge import ResponseInfo
 from otel_llm.parse.runtimes._common import (
-    Field, Observed, Proof, Routes, RuntimeCounters, STATE_KV_CACHE_USAGE, STATE_REQUESTS_RUNNING,
+    Field, ModelInfo, Observed, Proof, Routes, RuntimeCounters, STATE_KV_CACHE_USAGE, STATE_REQUESTS_RUNNING,
     STATE_REQUESTS_WAITING, as_dict, fill, flag, get, map_reasons, ms, native_of, rate, reasons_of,
-    tokens,
+    positive_int, text_or_none, tokens,
 )
 
 NAME = "llama.cpp"
@@ -106,3 +106,14 @@ def probe(routes: Routes) -> Proof | None:
         build = props.get("build_info")
         return Proof("llamacpp", NAME, str(build) if build else None)
     return None
+
+
+def model_info(routes: Routes, model: str | None) -> ModelInfo | None:
+    """``GET /props``: the context each slot holds (``n_ctx``), the model file, its type, slots."""
+    props = routes.json("/props")
+    if not isinstance(props, dict):
+        return None
+    settings = props.get("default_generation_settings")
+    context = positive_int(settings.get("n_ctx")) if isinstance(settings, dict) else None
+    return ModelInfo("/props", context, text_or_none(props.get("model_path")),
+                     text_or_none(props.get("model_ftype")), positive_int(props.get("total_slots")))

@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from otel_llm.parse._merge import ResponseInfo
+from otel_llm.parse.runtimes import openai_compat
 from otel_llm.parse.runtimes._common import (
-    Observed, Proof, Routes, RuntimeCounters, STATE_KV_CACHE_USAGE, STATE_REQUESTS_RUNNING,
+    ModelInfo, Observed, Proof, Routes, RuntimeCounters, STATE_KV_CACHE_USAGE, STATE_REQUESTS_RUNNING,
     STATE_REQUESTS_WAITING, map_reasons, reasons_of,
 )
 
@@ -50,3 +51,8 @@ def probe(routes: Routes) -> Proof | None:
     if isinstance(version, dict) and version.get("version"):
         return Proof("openai", NAME, str(version["version"]))
     return None
+
+
+def model_info(routes: Routes, model: str | None) -> ModelInfo | None:
+    """``GET /v1/models``: vLLM gives each model's ``max_model_len`` there."""
+    return openai_compat.model_info(routes, model)
