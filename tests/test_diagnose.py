@@ -377,11 +377,15 @@ def test_api_is_detected_when_not_given(tmp_path: Path) -> None:
     assert target["api"] == "llamacpp" and target["runtime"]["name"] == "llama.cpp"
     # a healthy real server: no false alarm (two slots on two cores may honestly share compute).
     # On a machine busy enough that llama.cpp itself reports generating below the threshold,
-    # decode_bound is the true finding, and its evidence is the runtime's own rate.
+    # decode_bound is the true finding, with the runtime's own rate as its evidence; the first
+    # request of a just-started server is then slow enough to count as cold too.
     native = statistics.median(t["native_rate"] for t in target["warm"] if t["native_rate"])
+    codes = [v["code"] for v in target["verdicts"]]
     if native < THRESHOLDS["decode_low_rate"]:
-        assert target["primary"] == "decode_bound", (native, target["verdicts"])
-        assert target["verdicts"][0]["evidence"]["generation_rate_tps"] == pytest.approx(native, abs=0.1)
+        assert "decode_bound" in codes and set(codes) <= {"decode_bound", "cold_start", "shared_compute"}, (
+            native, target["verdicts"])
+        decode = next(v for v in target["verdicts"] if v["code"] == "decode_bound")
+        assert decode["evidence"]["generation_rate_tps"] == pytest.approx(native, abs=0.1)
     else:
         assert target["primary"] in ("healthy", "shared_compute"), (native, target["verdicts"])
     warm = target["warm_stats"]
