@@ -11,6 +11,11 @@ makes the run. Spans go through a BatchSpanProcessor to a no-op exporter, metric
 MeterProvider, as in ``overhead.py``.
 
     python benchmarks/instructions.py [--stacks httpx,aiohttp,requests] [--calls 30] [--streams 6] [--tokens 256]
+    python benchmarks/instructions.py --peers [--configs none,httpx-official,otel_llm,sdk-floor,openlit,openllmetry]
+
+``--peers`` runs the workloads of ``peers.py`` instead (raw httpx and the openai client,
+non-streamed calls and streams, the async openai client for per chunk) for each configuration in
+its own virtualenv, and prints otel_llm's ratios to the cheaper peer (see ``_peer_instructions``).
 
 Twelve child processes per stack, each about a minute. Needs valgrind. Per chunk is the slope
 between a 16-token and a ``--tokens`` stream (the simulator sends one network chunk per token).
@@ -31,7 +36,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 STACKS = ("httpx", "aiohttp", "requests")
 SHORT = 16
-_TOTAL = re.compile(r"^summary:\s+(\d+)", re.M)
+_TOTAL = re.compile(r"^summary:\s+(\d+)", re.MULTILINE)
+_MAIN_THREAD = re.compile(r"^thread:\s+1$", re.MULTILINE)
 
 CHILD = r'''
 import asyncio, json, sys
@@ -92,19 +98,31 @@ if config == "otel_llm":
 SOURCE = ROOT  # the otel_llm the children import (--source: compare two checkouts)
 
 
-def _instructions(valgrind: str, args: list[str], workdir: Path) -> int:
+def _counts(valgrind: str, command: list[str], env: dict[str, str], workdir: Path) -> tuple[int, int]:
+    """(main thread, every thread) instructions of ``command`` run under callgrind."""
     for old in workdir.glob("callgrind.out*"):
         old.unlink()
-    env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(SOURCE)}
     command = [valgrind, "--tool=callgrind", "--separate-threads=yes",
-               f"--callgrind-out-file={workdir}/callgrind.out", sys.executable, "-c", CHILD, *args]
-    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=3600)
+               f"--callgrind-out-file={workdir}/callgrind.out", *command]
+    result = subprocess.run(command, capture_output=True, text=True, env={**env, "PYTHONHASHSEED": "0"}, check=False,
+                            timeout=3600)
     if result.returncode != 0:
-        raise SystemExit(f"child failed ({' '.join(args)}):\n{result.stderr[-3000:]}")
-    totals = [int(m) for path in workdir.glob("callgrind.out*") for m in _TOTAL.findall(path.read_text())]
-    if not totals:
+        raise SystemExit(f"child failed ({' '.join(command[4:])}):\n{result.stderr[-3000:]}")
+    main = total = 0
+    for path in workdir.glob("callgrind.out*"):
+        text = path.read_text()
+        found = sum(int(m) for m in _TOTAL.findall(text))
+        total += found
+        if _MAIN_THREAD.search(text):
+            main += found
+    if not total:
         raise SystemExit(f"no callgrind totals in {workdir}")
-    return sum(totals)
+    return main, total
+
+
+def _instructions(valgrind: str, args: list[str], workdir: Path) -> int:
+    env = {**os.environ, "PYTHONPATH": str(SOURCE)}
+    return _counts(valgrind, [sys.executable, "-c", CHILD, *args], env, workdir)[1]
 
 
 def per_call(valgrind: str, config: str, stack: str, count: int, tokens: int, url: str, workdir: Path) -> float:
@@ -142,12 +160,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument("--source", type=Path, default=ROOT,
                         help="checkout whose otel_llm the children import (default: this one)")
+    parser.add_argument("--peers", action="store_true",
+                        help="peers.py's workloads (raw httpx and openai) for every configuration instead of --stacks")
+    parser.add_argument("--configs", default="none,httpx-official,otel_llm,sdk-floor,openlit,openllmetry",
+                        help="with --peers: the configurations (peers are installed on first use)")
+    parser.add_argument("--peer-workloads", default="httpx/call,openai/call,httpx/stream,openai/stream,openai/async",
+                        help="with --peers: among these (streams are measured at 16 and --tokens tokens)")
+    parser.add_argument("--no-install", action="store_true", help="with --peers: skip peers not installed yet")
+    parser.add_argument("--no-content", action="store_true",
+                        help="with --peers: the peers without prompt and completion capture (their default is on)")
+    parser.add_argument("--parallel", type=int, default=2, help="with --peers: children run at once")
+    parser.add_argument("--runtime", default="llama.cpp",
+                        help="with --peers: the simulator's flavour (llama.cpp answers carry native counters)")
     args = parser.parse_args(argv)
     global SOURCE
     SOURCE = args.source.resolve()
     valgrind = shutil.which("valgrind")
     if valgrind is None:
         parser.error("valgrind is not installed")
+    if args.peers:
+        import _peer_instructions
+
+        return _peer_instructions.main(args, _counts, valgrind, SOURCE, SHORT)
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     if not workloads or set(workloads) - {"call", "short", "long"}:
         parser.error("workloads must be among call, short, long")

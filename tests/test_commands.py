@@ -98,6 +98,29 @@ def test_instruction_counts_run_under_callgrind() -> None:
     assert re.search(r"^requests vs the httpx path, per call: [\d.]+x", result.stdout, re.M), result.stdout
 
 
+
+@pytest.mark.timeout(1500)
+def test_peer_instruction_counts_include_the_sdk_floor() -> None:
+    """``instructions.py --peers``, shortened to raw httpx non-streamed calls for no
+    instrumentation, otel_llm and the SDK floor (six children under callgrind; no peer installed):
+    the floor (the same spans and records replayed with no model call) is a real part of what
+    otel_llm adds, and the report splits it from otel_llm's own code."""
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "instructions.py"), "--peers", "--no-install",
+                             "--configs", "none,otel_llm,sdk-floor", "--peer-workloads", "httpx/call", "--calls", "2"],
+                            capture_output=True, text=True, timeout=1480, env=ENV)
+    assert result.returncode == 0, result.stderr[-3000:]
+    # the other threads' part can come out below zero on a short run: the export and observer
+    # threads wake on timers, so their counts depend on how long each run lasts
+    row = re.search(r"^httpx call +([\d.]+) M +\+([\d.]+) M \((-?[\d.]+)\) +\+([\d.]+) M$", result.stdout, re.M)
+    assert row, result.stdout
+    own, ours, other_threads, floor = map(float, row.groups())
+    assert own > 1.0 and 0.3 < floor < ours, result.stdout
+    assert abs(other_threads) < ours, result.stdout
+    assert "openai call" not in result.stdout  # a workload not asked for gets no row
+    share = re.search(r"the SDK's part of what otel_llm adds per call \(httpx\): ([\d.]+) M of ([\d.]+) M", result.stdout)
+    assert share and float(share.group(1)) == floor and float(share.group(2)) == ours, result.stdout
+    assert "openlit" not in result.stdout  # not asked for
+
 def test_breakdown_benchmark_runs_and_reports_each_part() -> None:
     """``python benchmarks/breakdown.py``, shortened: SDK record costs, added CPU per call for
     each configuration, and per chunk with an idle and a busy consumer."""
