@@ -39,13 +39,17 @@ def within_context(sizes: Sequence[int], context: int | None, max_tokens: int) -
 def refit(sentences: int, done: Sequence[Trial], context: int, max_tokens: int) -> int:
     """``sentences``, lowered if the sizes measured so far say it would not fit within the
     context length: from the largest measured prompt, at the measured tokens per sentence (the
-    slope between two sizes, else the estimate)."""
+    slope between two sizes; after one, the larger of the estimate and what that one cost; the
+    tiny vLLM test model spends about 28 tokens on a sentence that costs Gemma 12)."""
     # a prompt trial's index is its number of sentences
     measured = sorted((t.index, _tokens(t)) for t in done if t.ok and t.index > 0 and _tokens(t))
     if not measured:
         return sentences
     (low, low_tokens), (high, high_tokens) = measured[0], measured[-1]
-    per_sentence = (high_tokens - low_tokens) / (high - low) if high > low else _TOKENS_PER_SENTENCE
+    if high > low:
+        per_sentence = (high_tokens - low_tokens) / (high - low)
+    else:  # one size so far: what it cost beyond the fixed part, if a tokenizer makes that more
+        per_sentence = max(_TOKENS_PER_SENTENCE, (high_tokens - _FIXED_TOKENS) / high)
     per_sentence = max(per_sentence, 1.0)
     largest = high + int((CONTEXT_SHARE * context - max_tokens - high_tokens) // per_sentence)
     return max(1, min(sentences, largest))
