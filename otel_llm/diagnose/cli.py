@@ -249,8 +249,9 @@ def _diagnose(runner: TrialRunner, url: str, args: argparse.Namespace, settings:
 
     say(f"[4] prompt-size sweep, output limit fixed at {settings['max_tokens']} tokens")
     context = result.model_info.context_length if result.model_info is not None else None
-    sizes = sweep.within_context(sweep.QUICK_SIZES if args.quick else sweep.SIZES, context, settings["max_tokens"])
-    if context and sizes != (sweep.QUICK_SIZES if args.quick else sweep.SIZES):
+    planned = sweep.QUICK_SIZES if args.quick else sweep.SIZES
+    sizes = sweep.within_context(planned, context, settings["max_tokens"])
+    if sizes != planned:
         say(f"    sizes {', '.join(map(str, sizes))} sentences: the largest prompt and the output limit stay within "
             f"{sweep.CONTEXT_SHARE:.0%} of the context length ({context} tokens)")
     for done, sentences in enumerate(sizes):
