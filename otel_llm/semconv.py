@@ -237,7 +237,9 @@ INSTRUMENTATION_NAME = "otel_llm"
 
 # --- Request size without content (what an application resends on every turn) -------------
 LLM_REQUEST_MESSAGES = "llm.request.messages"  # messages (a prompt string counts as one user message)
-LLM_REQUEST_MESSAGES_PREFIX = "llm.request.messages."  # + role (system, user, ..., other): messages of it
+LLM_REQUEST_MESSAGES_PREFIX = "llm.request.messages."  # + one of LLM_REQUEST_ROLES: messages of it
+# the roles counted by name; any other role is counted as "other" (a bounded set of attributes)
+LLM_REQUEST_ROLES = ("system", "developer", "user", "assistant", "tool", "function", "other")
 LLM_REQUEST_SYSTEM_BYTES = "llm.request.system.bytes"  # UTF-8 bytes of system/developer instructions
 LLM_REQUEST_LARGEST_MESSAGE_BYTES = "llm.request.largest_message.bytes"  # text and tool-call arguments
 LLM_REQUEST_TOOLS = "llm.request.tools"  # tool/function definitions sent

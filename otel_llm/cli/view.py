@@ -193,9 +193,6 @@ def format_bytes(value: float) -> str:
     return f"{value / (1024 * 1024):.1f} MiB"
 
 
-_ROLE_ORDER = ("system", "developer", "user", "assistant", "tool", "function", "other")
-
-
 def _request(attrs: Mapping[str, Any]) -> list[str]:
     """What the request was made of: its size, messages by role, instructions, tools, attachments."""
     parts = []
@@ -204,7 +201,7 @@ def _request(attrs: Mapping[str, Any]) -> list[str]:
         parts.append(f"request {format_bytes(body)}")
     messages = attrs.get(sc.LLM_REQUEST_MESSAGES)
     if isinstance(messages, int):
-        roles = [f"{attrs[key]} {role}" for role in _ROLE_ORDER
+        roles = [f"{attrs[key]} {role}" for role in sc.LLM_REQUEST_ROLES
                  if isinstance(attrs.get(key := sc.LLM_REQUEST_MESSAGES_PREFIX + role), int)]
         parts.append(f"{messages} messages" + (f" ({', '.join(roles)})" if roles else ""))
     for key, label in ((sc.LLM_REQUEST_SYSTEM_BYTES, "system"),

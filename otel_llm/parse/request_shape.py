@@ -11,10 +11,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from otel_llm import semconv as sc
+
 __all__ = ["ROLES", "RequestShape", "request_shape"]
 
-# Roles counted by name; any other role is counted as "other" (a bounded set of attributes).
-ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+ROLES = sc.LLM_REQUEST_ROLES[:-1]  # the last is "other": every role not named here
 _SYSTEM_ROLES = ("system", "developer")
 _TEXT_PARTS = ("text", "input_text", "output_text")
 _ATTACHMENT_PARTS = ("image_url", "image", "input_image", "input_audio", "audio", "file", "input_file",
