@@ -82,15 +82,17 @@ def keep(new: int | None, old: int | None) -> int | None:
 def clean(d: dict, depth: int = 0) -> dict[str, Any]:
     """Scalars and nested dicts of ``d``; lists, non-finite floats and huge ints dropped."""
     out: dict[str, Any] = {}
+    isfinite = math.isfinite
     for k, v in d.items():
-        if v is None or isinstance(v, (str, bool)):
-            out[k] = v
-        elif v.__class__ is int:
+        cls = v.__class__  # the common JSON types by identity first: runtimes send many numbers
+        if cls is float:
+            if isfinite(v):
+                out[k] = v
+        elif cls is int:
             if -INT64_MAX - 1 <= v <= INT64_MAX:
                 out[k] = v
-        elif v.__class__ is float:
-            if math.isfinite(v):
-                out[k] = v
+        elif v is None or isinstance(v, (str, bool)):
+            out[k] = v
         elif isinstance(v, dict) and depth < 2:
             out[k] = clean(v, depth + 1)
     return out

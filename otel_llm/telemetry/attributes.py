@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import operator
 import re
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
@@ -96,16 +97,18 @@ def endpoint_attributes(route: Route, request: CallRequest, runtime: str | None,
     return attrs
 
 
+_REQUEST_KEYS = (sc.GEN_AI_REQUEST_MODEL, sc.GEN_AI_REQUEST_MAX_TOKENS, sc.GEN_AI_REQUEST_TEMPERATURE,
+                 sc.GEN_AI_REQUEST_TOP_P, sc.GEN_AI_REQUEST_TOP_K, sc.GEN_AI_REQUEST_SEED)
+_request_values = operator.attrgetter("model", "max_tokens", "temperature", "top_p", "top_k", "seed")
+
+
 def request_attributes(endpoint: dict[str, Any], info: RequestInfo, capture_content: bool) -> dict[str, Any]:
     """Attributes known when the request starts (samplers see these): the endpoint's, then the
     request body's."""
     attrs = dict(endpoint)
-    _put(attrs, sc.GEN_AI_REQUEST_MODEL, info.model)
-    _put(attrs, sc.GEN_AI_REQUEST_MAX_TOKENS, info.max_tokens)
-    _put(attrs, sc.GEN_AI_REQUEST_TEMPERATURE, info.temperature)
-    _put(attrs, sc.GEN_AI_REQUEST_TOP_P, info.top_p)
-    _put(attrs, sc.GEN_AI_REQUEST_TOP_K, info.top_k)
-    _put(attrs, sc.GEN_AI_REQUEST_SEED, info.seed)
+    for key, value in zip(_REQUEST_KEYS, _request_values(info)):
+        if value is not None:  # most requests leave most of these unset
+            _put(attrs, key, value)
     if info.stop_sequences:
         attrs[sc.GEN_AI_REQUEST_STOP_SEQUENCES] = list(info.stop_sequences)
     if info.stream:

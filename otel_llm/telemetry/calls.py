@@ -207,7 +207,8 @@ class Telemetry:
         if self.observers is not None:
             attrs.update(self.observers.call_attributes(call.t0, call.t_end))
         children = phases + synthesized
-        self._spans.finish(call, span, error, children, [_phase_attributes(call, p) for p in children])
+        self._spans.finish(call, span, error, children,
+                           [_phase_attributes(call, p) for p in phases] + [_SYNTHESIZED] * len(synthesized))
         try:
             self.metrics.record(attrs, timings, [(p.name, (p.end_ns - p.start_ns) * _NS) for p in phases],
                                 span.context if span.recording else None, counters)
@@ -256,8 +257,7 @@ class Telemetry:
             attrs[sc.LLM_DIAGNOSIS_BOTTLENECK] = choke
         if counters is None or not anchor:
             return []
-        return [Phase(s.name, s.start_ns, s.end_ns, True)
-                for s in synthesized_spans(counters, anchor, streamed, lower, call.t_end)]
+        return synthesized_spans(counters, anchor, streamed, lower, call.t_end)
 
     def _parse_response(self, call: LlmCall) -> ResponseInfo | None:
         api = call.route.api
@@ -295,8 +295,6 @@ _SYNTHESIZED = {sc.LLM_SYNTHESIZED: True}
 # (an invalid key quoted back) must not put it on the span
 _CREDENTIAL_HEADERS = ("authorization", "proxy-authorization", "x-api-key", "api-key")
 _MIN_SECRET = 6  # shorter values are not searched for (they would mask ordinary words)
-_SYNTHESIZED_NAMES = frozenset({sc.SPAN_RUNTIME_QUEUE, sc.SPAN_RUNTIME_LOAD, sc.SPAN_RUNTIME_PREFILL,
-                                sc.SPAN_RUNTIME_DECODE})
 
 
 def _unloads(info: Any) -> bool:
@@ -308,8 +306,7 @@ def _unloads(info: Any) -> bool:
 
 
 def _phase_attributes(call: LlmCall, phase: Phase) -> dict[str, Any] | None:
-    if phase.name in _SYNTHESIZED_NAMES:
-        return _SYNTHESIZED
+    """The attributes of a transport phase's span (the synthesized ones carry ``_SYNTHESIZED``)."""
     if call.tls is not None and (phase.name == sc.SPAN_TLS or (phase.name == sc.SPAN_CONNECT
                                                                 and not call.marks[TLS_START])):
         return _tls_attributes(call.tls)  # a connect step that includes the handshake carries it

@@ -29,9 +29,12 @@ _PHASE_KEYS = (sc.GEN_AI_PROVIDER_NAME, sc.GEN_AI_REQUEST_MODEL, sc.LLM_GATEWAY_
 # The runtime's own latencies and rates (four records per call) are charted by model and runtime;
 # the operation name is the one attribute the GenAI server metrics require beyond those.
 _RUNTIME_KEYS = (sc.GEN_AI_OPERATION_NAME,) + _PHASE_KEYS
-_DIAGNOSIS_KEYS = _PHASE_KEYS + (sc.LLM_DIAGNOSIS_BOTTLENECK, sc.LLM_DIAGNOSIS_COLD_START,
-                                 sc.LLM_DIAGNOSIS_STREAM_BUFFERED)
-_DIAGNOSIS_DEFAULTS = tuple((key, "none" if key == sc.LLM_DIAGNOSIS_BOTTLENECK else None) for key in _DIAGNOSIS_KEYS)
+# The diagnosis tally counts calls by these verdicts, beside the phase keys ("none": no bottleneck).
+_VERDICT_DEFAULTS = ((sc.LLM_DIAGNOSIS_BOTTLENECK, "none"), (sc.LLM_DIAGNOSIS_COLD_START, None),
+                     (sc.LLM_DIAGNOSIS_STREAM_BUFFERED, None))
+_VERDICT_KEYS = tuple(key for key, _ in _VERDICT_DEFAULTS)
+# Distinct metric attribute sets whose record dictionaries are kept (see CallMetrics._sets).
+_SETS_LIMIT = 256
 # Most measurements are not made inside the call's span context: a context without a span spares
 # the SDK an exemplar offer per record. Not an empty one: the SDK takes ``context or
 # get_current()``, and an empty Context is falsy, so the application's current span (if any)
@@ -85,6 +88,7 @@ class CallMetrics:
 
     def __init__(self, meter_provider: MeterProvider, in_flight: InFlight) -> None:
         meter = meter_provider.get_meter(sc.INSTRUMENTATION_NAME, __version__)
+        self._attribute_sets: dict[tuple[Any, ...], _AttributeSets] = {}
 
         def histogram(name: str, unit: str, description: str, buckets: tuple[float, ...]) -> Any:
             return meter.create_histogram(name, unit=unit, description=description,
@@ -139,14 +143,19 @@ class CallMetrics:
             description="Model calls by diagnosis: bottleneck, cold start, buffered stream.",
         )
 
-    def _record_diagnosis(self, span_attrs: dict[str, Any], phase_attrs: dict[str, Any]) -> None:
+    def _record_diagnosis(self, span_attrs: dict[str, Any], sets: _AttributeSets) -> None:
         """Count the call under its per-call verdicts, so dashboards can chart them exactly."""
-        get = span_attrs.get
-        pairs = ((key, get(key, default)) for key, default in _DIAGNOSIS_DEFAULTS)
-        self.diagnosed.add(tuple((key, value) for key, value in pairs if value is not None))
+        verdicts = tuple(map(span_attrs.get, _VERDICT_KEYS))
+        key = sets.tallied.get(verdicts)
+        if key is None:
+            key = sets.tallied[verdicts] = sets.phase_pairs + tuple(
+                (name, value if value is not None else default)
+                for (name, default), value in zip(_VERDICT_DEFAULTS, verdicts)
+                if value is not None or default is not None)
+        self.diagnosed.add(key)
         unaccounted = span_attrs.get(sc.LLM_DIAGNOSIS_UNACCOUNTED_WAIT)
         if unaccounted is not None:
-            self.unaccounted.record(unaccounted, phase_attrs, _NO_CONTEXT)
+            self.unaccounted.record(unaccounted, sets.phase, _NO_CONTEXT)
 
     def _record_runtime(self, attrs: dict[str, Any], counters: RuntimeCounters) -> None:
         """The runtime-reported latencies and rates, when it reported them."""
@@ -164,6 +173,18 @@ class CallMetrics:
         """The in-flight gauge marks its counts as the gateway's relayed calls too."""
         self._shared.relayed = ((sc.LLM_GATEWAY_RELAYED, True),)
 
+    def _sets(self, span_attrs: dict[str, Any]) -> _AttributeSets:
+        """The attribute dictionaries of this call's records, built once per distinct set of
+        metric attributes (an application calls the same few models at the same few servers)."""
+        values = tuple(map(span_attrs.get, _METRIC_KEYS))
+        sets = self._attribute_sets.get(values)
+        if sets is None:
+            if len(self._attribute_sets) >= _SETS_LIMIT:  # ever-changing models or errors
+                self._attribute_sets.clear()
+            sets = self._attribute_sets[values] = _AttributeSets(
+                {k: v for k, v in zip(_METRIC_KEYS, values) if v is not None})
+        return sets
+
     def record(self, span_attrs: dict[str, Any], timings: dict[str, Any], phases: list[tuple[str, float]],
                span_context: SpanContext | None = None, counters: RuntimeCounters | None = None) -> None:
         """Record one finished call: ``timings`` holds the llm.client.* values, ``counters`` the
@@ -172,28 +193,51 @@ class CallMetrics:
         The call's duration and time to first token are recorded in the call span's context so
         the SDK keeps exemplars (trace ids) on them: a latency panel links to its slow traces.
         The other records skip that (two exemplar offers per call, not twelve)."""
-        attrs = {k: span_attrs[k] for k in _METRIC_KEYS if k in span_attrs}
+        sets = self._sets(span_attrs)
+        attrs = sets.call
         context = _NO_CONTEXT
         linked = _NO_CONTEXT
         if span_context is not None and span_context.trace_flags.sampled:
             linked = trace.set_span_in_context(trace.NonRecordingSpan(span_context), _NO_CONTEXT)
         self.duration.record(timings["duration"], attrs, linked)
-        for token_type, key in (("input", sc.GEN_AI_USAGE_INPUT_TOKENS), ("output", sc.GEN_AI_USAGE_OUTPUT_TOKENS)):
-            value = span_attrs.get(key)
-            if isinstance(value, int):
-                self.tokens.record(value, {**attrs, sc.GEN_AI_TOKEN_TYPE: token_type}, context)
+        value = span_attrs.get(sc.GEN_AI_USAGE_INPUT_TOKENS)
+        if value.__class__ is int:
+            self.tokens.record(value, sets.input, context)
+        value = span_attrs.get(sc.GEN_AI_USAGE_OUTPUT_TOKENS)
+        if value.__class__ is int:
+            self.tokens.record(value, sets.output, context)
         ttft = timings.get(sc.LLM_CLIENT_TIME_TO_FIRST_TOKEN)
         if ttft is not None:
             self.first_chunk.record(ttft, attrs, linked)
         per_chunk = timings.get("time_per_chunk")
         if per_chunk is not None:
             self.per_chunk.record(per_chunk, attrs, context)
-        phase_attrs = {k: attrs[k] for k in _PHASE_KEYS if k in attrs}
+        by_phase = sets.by_phase
         for name, seconds in phases:
-            self.phase.record(seconds, {**phase_attrs, sc.LLM_PHASE: name}, context)
-        self._record_diagnosis(span_attrs, phase_attrs)
+            phase_attrs = by_phase.get(name)
+            if phase_attrs is None:
+                phase_attrs = by_phase[name] = {**sets.phase, sc.LLM_PHASE: name}
+            self.phase.record(seconds, phase_attrs, context)
+        self._record_diagnosis(span_attrs, sets)
         if counters is not None:
-            self._record_runtime({k: attrs[k] for k in _RUNTIME_KEYS if k in attrs}, counters)
+            self._record_runtime(sets.runtime, counters)
+
+
+class _AttributeSets:
+    """The attributes of each record of a call, for one set of metric attribute values. The SDK
+    copies what it keeps, so the same dictionaries are handed over call after call."""
+
+    __slots__ = ("call", "input", "output", "phase", "phase_pairs", "by_phase", "runtime", "tallied")
+
+    def __init__(self, call: dict[str, Any]) -> None:
+        self.call = call
+        self.input = {**call, sc.GEN_AI_TOKEN_TYPE: "input"}
+        self.output = {**call, sc.GEN_AI_TOKEN_TYPE: "output"}
+        self.phase = {k: call[k] for k in _PHASE_KEYS if k in call}
+        self.phase_pairs = tuple(self.phase.items())
+        self.by_phase: dict[str, dict[str, Any]] = {}
+        self.runtime = {k: call[k] for k in _RUNTIME_KEYS if k in call}
+        self.tallied: dict[tuple[Any, ...], tuple[tuple[str, Any], ...]] = {}  # verdicts -> tally key
 
 
 def _active(shared: _Shared) -> list[Observation]:

@@ -18,9 +18,11 @@ the one-way latency, which is what ``llm.diagnosis.unaccounted_wait`` reports.
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from otel_llm import semconv as sc
+from otel_llm.telemetry.phases import Phase
 
 if TYPE_CHECKING:
     from otel_llm.parse.runtimes import RuntimeCounters
@@ -43,6 +45,9 @@ _ATTRIBUTES = (
     ("draft_tokens_accepted", sc.LLM_RUNTIME_DRAFT_TOKENS_ACCEPTED),
 )
 
+_KEYS = tuple(key for _, key in _ATTRIBUTES)
+_VALUES = attrgetter(*(field for field, _ in _ATTRIBUTES))  # one call for all the fields
+
 
 class Synthesized(NamedTuple):
     name: str
@@ -52,8 +57,7 @@ class Synthesized(NamedTuple):
 
 def runtime_attributes(counters: RuntimeCounters, attrs: dict[str, Any]) -> None:
     """Add the llm.runtime.* attributes the runtime reported (never a default zero)."""
-    for field, key in _ATTRIBUTES:
-        value = getattr(counters, field)
+    for key, value in zip(_KEYS, _VALUES(counters)):
         if value is not None:
             attrs[key] = value
     if counters.cached_tokens is not None and sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS not in attrs:
@@ -68,9 +72,9 @@ def _ns(seconds: float | None) -> int:
 
 def synthesized_spans(
     counters: RuntimeCounters, anchor_ns: int, streaming: bool, lower_ns: int, upper_ns: int,
-) -> list[Synthesized]:
+) -> list[Phase]:
     """Spans for the reported queue/load/prefill/decode durations, in time order, clipped to
-    ``[lower_ns, upper_ns]`` (see the module docstring for the rule)."""
+    ``[lower_ns, upper_ns]`` (see the module docstring for the rule), as complete phases."""
     prefill, load, queue = (_ns(counters.prompt_eval_duration), _ns(counters.load_duration),
                             _ns(counters.queue_duration))
     decode = _ns(counters.generation_duration)
@@ -91,13 +95,13 @@ def synthesized_spans(
     return _clip(spans, lower_ns, upper_ns)
 
 
-def _clip(spans: list[Synthesized], lower: int, upper: int) -> list[Synthesized]:
+def _clip(spans: list[Synthesized], lower: int, upper: int) -> list[Phase]:
     clipped = []
     cursor = lower
-    for span in spans:
-        start = max(span.start_ns, cursor)
-        end = min(span.end_ns, upper)
+    for name, start, end in spans:
+        start = max(start, cursor)
+        end = min(end, upper)
         if end > start:
-            clipped.append(Synthesized(span.name, start, end))
+            clipped.append(Phase(name, start, end, True))
             cursor = end
     return clipped

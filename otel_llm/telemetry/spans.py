@@ -86,11 +86,15 @@ class SdkSpanSink:
         if not span.recording:
             return
         context = span.context
+        shift = call.epoch0 - call.t0  # perf-counter ns to epoch ns (LlmCall.to_epoch)
+        trace_id, flags, state = context.trace_id, context.trace_flags, context.trace_state
+        new_id = self._ids.generate_span_id
         for phase, attributes in zip(phases, phase_attributes):
-            self.emit(phase.name, self.child_context(context), context, SpanKind.INTERNAL, attributes,
-                      call.to_epoch(phase.start_ns), call.to_epoch(phase.end_ns), _phase_status(phase, error))
+            child = SpanContext(trace_id, new_id(), False, flags, state)
+            self.emit(phase.name, child, context, SpanKind.INTERNAL, attributes, phase.start_ns + shift,
+                      phase.end_ns + shift, _ERROR if (error and not phase.complete) else _UNSET)
         self.emit(span.name, context, span.parent, SpanKind.CLIENT, span.attributes, call.epoch0,
-                  call.to_epoch(call.t_end), _call_status(error))
+                  call.t_end + shift, _call_status(error))
 
 
 class ApiSpanSink:

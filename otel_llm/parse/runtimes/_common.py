@@ -140,6 +140,9 @@ def get(d: Mapping, key: str) -> Any:
         return MISSING
 
 
+_INT64_LIMIT = 2**63
+
+
 def drop(name: str, value: object, why: str) -> Any:
     """Log one dropped value; always returns None (so callers can ``return drop(...)``)."""
     log.debug("otel_llm: runtime counter %s=%.80r dropped (%s)", name, value, why)
@@ -169,12 +172,18 @@ def _number(v: object) -> int | float | None:
 
 def _non_negative(name: str, v: object) -> int | float | None:
     """A finite number >= 0 within int64, else None (logged unless MISSING)."""
+    cls = v.__class__  # JSON numbers first: every response carries several
+    if cls is int:
+        if 0 <= v <= _INT64_LIMIT:  # type: ignore[operator]
+            return v  # type: ignore[return-value]
+    elif cls is float and 0.0 <= v < math.inf:  # type: ignore[operator]  # NaN compares false
+        return v  # type: ignore[return-value]
     if v is MISSING:
         return None
     n = _number(v)
     if n is None:
         return drop(name, v, "not a number")
-    if n.__class__ is int and n > 2**63:
+    if n.__class__ is int and n > _INT64_LIMIT:
         return drop(name, v, "too large")
     if not math.isfinite(n):
         return drop(name, v, "not finite")
@@ -248,10 +257,13 @@ def evaluated(name: str, total: int | None, cached: int | None) -> int | None:
 
 
 def fill(c: RuntimeCounters, src: Mapping, spec: Iterable[Field], prefix: str) -> None:
-    """For each (attribute, key, reader) set c.attribute from src[key] unless already set."""
+    """For each (attribute, key, reader) set c.attribute from src[key] unless already set.
+    Absent keys are skipped: every reader gives None for MISSING."""
+    lookup = src.get if src.__class__ is dict else (lambda key, _default: get(src, key))
     for attr, key, reader in spec:
-        if getattr(c, attr) is None:
-            setattr(c, attr, reader(f"{prefix}.{key}", get(src, key)))
+        value = lookup(key, MISSING)
+        if value is not MISSING and getattr(c, attr) is None:
+            setattr(c, attr, reader(f"{prefix}.{key}", value))
 
 
 def reasons_of(info: object) -> list | None:
