@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -145,6 +146,9 @@ def main(argv: list[str]) -> int:
     run(int(count))
     if pipeline is not None:
         pipeline.flush()
+        spans_file = os.environ.get("INSTRUCTIONS_SPANS_FILE")
+        if spans_file:  # every span exported since setup, warm-up included (the parent takes differences)
+            Path(spans_file).write_text(str(pipeline.count))
     return 0
 
 

@@ -31,9 +31,9 @@ WORKLOADS = (("httpx", "call"), ("openai", "call"), ("httpx", "stream"), ("opena
 TARGET_PER_CALL = 0.8  # otel_llm / the cheaper peer, added per non-streamed call
 TARGET_PER_STREAM = 1 / 3  # otel_llm / either peer, added per stream
 TARGET_CHUNK_SHARE = 0.01  # otel_llm's added instructions per chunk / the client's own
-# A peer that adds less than this per call does not trace the workload (OpenLLMetry wraps the
-# openai client, not raw httpx): it is left out of the ratios rather than made a 0 M reference.
-SEEN = 0.1e6
+# A peer that exports no span for a workload does not trace it (OpenLLMetry wraps the openai
+# client, not raw httpx): it is left out of the ratios rather than made a reference of noise.
+SPANS_FILE = "INSTRUCTIONS_SPANS_FILE"  # where the child writes how many spans it exported
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class Job:
     count: int
 
 
-Counts = tuple[float, float]  # (main thread, all threads) per call
+Counts = tuple[float, float, float]  # (main thread, all threads, spans exported) per call
 
 
 def jobs(configs: list[str], calls: int, streams: int, tokens: int, short: int,
@@ -64,13 +64,23 @@ def measure(job: Job, runner: Any, base_url: str, content: bool, counts: Callabl
     env = dict(runner.env)
     if job.config in LOCAL:
         env["PYTHONPATH"] = str(source)
-    runs = []
+    runs, spans = [], []
     with tempfile.TemporaryDirectory(prefix="instructions-") as tmp:
+        env[SPANS_FILE] = str(Path(tmp) / "spans")
         for n in (job.count, 2 * job.count):
             command = [str(runner.python), str(CHILD), job.config, job.client, job.kind, str(job.tokens), str(n),
                        base_url, "1" if content else "0"]
             runs.append(counts(valgrind, command, env, Path(tmp)))
-    return ((runs[1][0] - runs[0][0]) / job.count, (runs[1][1] - runs[0][1]) / job.count)
+            spans.append(_spans_written(Path(env[SPANS_FILE])))
+    return ((runs[1][0] - runs[0][0]) / job.count, (runs[1][1] - runs[0][1]) / job.count,
+            (spans[1] - spans[0]) / job.count)
+
+
+def _spans_written(path: Path) -> int:
+    try:
+        return int(path.read_text())
+    except (OSError, ValueError):
+        return 0
 
 
 def run_all(todo: list[Job], runners: dict[str, Any], base_url: str, content: bool, parallel: int,
@@ -103,6 +113,11 @@ class Table:
         mine, base = self.figures.get((config, client, kind, tokens)), self.figures.get(("none", client, kind, tokens))
         return None if mine is None or base is None else mine[thread] - base[thread]
 
+    def traces(self, config: str, client: str, kind: str, tokens: int) -> bool:
+        """Whether ``config`` exported spans for the workload's calls."""
+        value = self.figures.get((config, client, kind, tokens))
+        return value is not None and value[2] > 0
+
     def per_chunk(self, config: str, client: str, kind: str) -> float | None:
         """Added (config) or own ("none") instructions per chunk: long minus short, per token."""
         if config == "none":
@@ -134,6 +149,8 @@ def report(table: Table, configs: list[str], missing: dict[str, str]) -> list[st
             if config == "otel_llm" and total is not None:
                 main = table.added(config, client, kind, tokens, thread=0) or 0.0
                 text += f" ({(total - main) / 1e6:.2f})"
+            elif config in CHEAPER_OF and total is not None and not table.traces(config, client, kind, tokens):
+                text += " no span"
             cells.append(f"{text:>20s}")
         print(f"{label:22s}{_m(table.own(client, kind, tokens), ''):>15s}" + "".join(cells))
     header = f"== per chunk ({table.tokens}-token stream minus {table.short}-token, per token; k instructions)"
@@ -160,8 +177,8 @@ def ratios(table: Table) -> list[str]:
     lines = []
     for client in ("httpx", "openai"):
         ours = table.added("otel_llm", client, "call", table.short)
-        peers = [v for v in (table.added(p, client, "call", table.short) for p in CHEAPER_OF)
-                 if v is not None and v >= SEEN]
+        peers = [v for p in CHEAPER_OF if (v := table.added(p, client, "call", table.short)) is not None
+                 and table.traces(p, client, "call", table.short)]
         if ours is not None and peers:
             ratio = ours / min(peers)
             lines.append(f"otel_llm / the cheaper of openlit and openllmetry (of those that trace it), added per call "
@@ -183,7 +200,7 @@ def ratios(table: Table) -> list[str]:
         ours = table.added("otel_llm", client, kind, table.tokens)
         for peer in CHEAPER_OF:
             theirs = table.added(peer, client, kind, table.tokens)
-            if ours is not None and theirs is not None and theirs >= SEEN:
+            if ours is not None and theirs is not None and table.traces(peer, client, kind, table.tokens):
                 ratio = ours / theirs
                 lines.append(f"otel_llm / {peer}, added per {table.tokens}-token stream ({client} {kind}): "
                              f"{ratio:.2f}x (target <= {TARGET_PER_STREAM:.2f}x) "
@@ -228,6 +245,7 @@ def main(args: argparse.Namespace, counts: Callable[..., tuple[int, int]], valgr
     report(table, configs, missing)
     if args.json:
         Path(args.json).write_text(json.dumps(
-            [{"config": j.config, "client": j.client, "kind": j.kind, "tokens": j.tokens, "main": v[0], "total": v[1]}
+            [{"config": j.config, "client": j.client, "kind": j.kind, "tokens": j.tokens, "main": v[0], "total": v[1],
+              "spans": v[2]}
              for j, v in figures.items()], indent=1))
     return 0

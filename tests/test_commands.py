@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -100,15 +101,20 @@ def test_instruction_counts_run_under_callgrind() -> None:
 
 
 @pytest.mark.timeout(1500)
-def test_peer_instruction_counts_include_the_sdk_floor() -> None:
+def test_peer_instruction_counts_include_the_sdk_floor(tmp_path: Path) -> None:
     """``instructions.py --peers``, shortened to raw httpx non-streamed calls for no
     instrumentation, otel_llm and the SDK floor (six children under callgrind; no peer installed):
     the floor (the same spans and records replayed with no model call) is a real part of what
     otel_llm adds, and the report splits it from otel_llm's own code."""
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "instructions.py"), "--peers", "--no-install",
-                             "--configs", "none,otel_llm,sdk-floor", "--peer-workloads", "httpx/call", "--calls", "2"],
+                             "--configs", "none,otel_llm,sdk-floor", "--peer-workloads", "httpx/call", "--calls", "2",
+                             "--json", str(tmp_path / "figures.json")],
                             capture_output=True, text=True, timeout=1480, env=ENV)
     assert result.returncode == 0, result.stderr[-3000:]
+    # spans exported per call tell which configurations trace the workload (a peer that exports
+    # none is left out of the ratios): a call with native counters is six spans
+    spans = {row["config"]: row["spans"] for row in json.loads((tmp_path / "figures.json").read_text())}
+    assert spans["none"] == 0 and spans["otel_llm"] == 6, spans
     # the other threads' part can come out below zero on a short run: the export and observer
     # threads wake on timers, so their counts depend on how long each run lasts
     row = re.search(r"^httpx call +([\d.]+) M +\+([\d.]+) M \((-?[\d.]+)\) +\+([\d.]+) M$", result.stdout, re.M)

@@ -59,10 +59,10 @@ class Merge:
 
 def count(v: object) -> int | None:
     """A non-negative int64 token count; integral finite floats count; bools do not."""
+    if v.__class__ is int:  # the common case first
+        return v if 0 <= v <= INT64_MAX else None  # type: ignore[operator,return-value]
     if v.__class__ is float and math.isfinite(v) and v.is_integer():  # type: ignore[arg-type]
-        v = int(v)  # type: ignore[arg-type]
-    if v.__class__ is int and 0 <= v <= INT64_MAX:  # type: ignore[operator]
-        return v  # type: ignore[return-value]
+        return count(int(v))  # type: ignore[arg-type]
     return None
 
 

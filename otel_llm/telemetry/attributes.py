@@ -122,16 +122,20 @@ def request_attributes(endpoint: dict[str, Any], info: RequestInfo, capture_cont
     return attrs
 
 
+_SHAPE_KEYS = (sc.LLM_REQUEST_SYSTEM_BYTES, sc.LLM_REQUEST_LARGEST_MESSAGE_BYTES, sc.LLM_REQUEST_TOOLS,
+               sc.LLM_REQUEST_TOOLS_BYTES)
+_shape_values = operator.attrgetter("system_bytes", "largest_message_bytes", "tools", "tools_bytes")
+
+
 def _shape_attributes(shape: RequestShape, attrs: dict[str, Any]) -> None:
     """What the request is made of (counts and byte sizes; never its content)."""
     if shape.messages is not None:
         attrs[sc.LLM_REQUEST_MESSAGES] = shape.messages
         for role, count in shape.by_role.items():
             attrs[sc.LLM_REQUEST_MESSAGES_PREFIX + role] = count
-    _put(attrs, sc.LLM_REQUEST_SYSTEM_BYTES, shape.system_bytes)
-    _put(attrs, sc.LLM_REQUEST_LARGEST_MESSAGE_BYTES, shape.largest_message_bytes)
-    _put(attrs, sc.LLM_REQUEST_TOOLS, shape.tools)
-    _put(attrs, sc.LLM_REQUEST_TOOLS_BYTES, shape.tools_bytes)
+    for key, value in zip(_SHAPE_KEYS, _shape_values(shape)):
+        if value is not None:  # counts and sizes: ints, nothing to clean
+            attrs[key] = value
     if shape.attachments:
         attrs[sc.LLM_REQUEST_ATTACHMENTS] = shape.attachments
 
@@ -145,18 +149,22 @@ def _json(value: Any) -> str | None:
         return None
 
 
+_RESPONSE_KEYS = (sc.GEN_AI_RESPONSE_ID, sc.GEN_AI_RESPONSE_MODEL, sc.GEN_AI_USAGE_INPUT_TOKENS,
+                  sc.GEN_AI_USAGE_OUTPUT_TOKENS, sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS,
+                  sc.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS)
+_response_values = operator.attrgetter("response_id", "response_model", "input_tokens", "output_tokens",
+                                       "cached_input_tokens", "reasoning_output_tokens")
+
+
 def response_attributes(response: ResponseInfo | None, attrs: dict[str, Any], capture_content: bool) -> None:
     """Add what the response body/stream carried."""
     if response is None:
         return
-    _put(attrs, sc.GEN_AI_RESPONSE_ID, response.response_id)
-    _put(attrs, sc.GEN_AI_RESPONSE_MODEL, response.response_model)
+    for key, value in zip(_RESPONSE_KEYS, _response_values(response)):
+        if value is not None:
+            _put(attrs, key, value)
     if response.finish_reasons:
         attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] = [_utf8(r) for r in response.finish_reasons]
-    _put(attrs, sc.GEN_AI_USAGE_INPUT_TOKENS, response.input_tokens)
-    _put(attrs, sc.GEN_AI_USAGE_OUTPUT_TOKENS, response.output_tokens)
-    _put(attrs, sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, response.cached_input_tokens)
-    _put(attrs, sc.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS, response.reasoning_output_tokens)
     if capture_content and response.output_text:
         attrs[sc.GEN_AI_OUTPUT_MESSAGES] = _json(
             [{"role": "assistant", "parts": [{"type": "text", "content": response.output_text}]}]

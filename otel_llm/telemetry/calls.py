@@ -39,7 +39,6 @@ if TYPE_CHECKING:
     from otel_llm.observers.manager import Observers
 
 _NS = 1e-9
-_INTERNAL_TIMINGS = frozenset({"duration", "time_per_chunk"})  # metric inputs, not attributes
 
 
 _MAX_ENDPOINTS = 256
@@ -190,8 +189,7 @@ class Telemetry:
         response = self._parse_response(call)
         attrs = span.attributes
         self._add_end_attributes(call, response, attrs)
-        timings = client_timings(call, response)
-        attrs.update({k: v for k, v in timings.items() if k not in _INTERNAL_TIMINGS})
+        duration, per_chunk = client_timings(call, response, attrs)
         error_type = _error_type(call)
         if error_type:
             attrs[sc.ERROR_TYPE] = error_type
@@ -210,8 +208,8 @@ class Telemetry:
         self._spans.finish(call, span, error, children,
                            [_phase_attributes(call, p) for p in phases] + [_SYNTHESIZED] * len(synthesized))
         try:
-            self.metrics.record(attrs, timings, [(p.name, (p.end_ns - p.start_ns) * _NS) for p in phases],
-                                span.context if span.recording else None, counters)
+            self.metrics.record(attrs, duration, per_chunk, phases, span.context if span.recording else None,
+                                counters)
         except Exception:
             log_once("recording model-call metrics failed")
 
@@ -326,32 +324,33 @@ def _tls_attributes(tls: TlsInfo) -> dict[str, Any]:
     return attrs
 
 
-def client_timings(call: LlmCall, response: ResponseInfo | None) -> dict[str, Any]:
-    """The llm.client.* attributes (seconds) plus values the metrics need."""
-    timings: dict[str, Any] = {"duration": (call.t_end - call.t0) * _NS}
+def client_timings(call: LlmCall, response: ResponseInfo | None, attrs: dict[str, Any]) -> tuple[float, float | None]:
+    """Add the llm.client.* attributes (seconds) to ``attrs``; returns what only the metrics
+    need: the call's duration and, for a stream, the mean time between its output chunks."""
+    duration = (call.t_end - call.t0) * _NS
     headers = call.marks[HEADERS]
     if headers:
-        timings[sc.LLM_CLIENT_TIME_TO_FIRST_BYTE] = (headers - call.t0) * _NS
+        attrs[sc.LLM_CLIENT_TIME_TO_FIRST_BYTE] = (headers - call.t0) * _NS
     scanner = call.scanner
     if scanner is None:
-        return timings
-    timings[sc.LLM_CLIENT_CHUNKS] = scanner.token_events
-    timings[sc.LLM_CLIENT_RESPONSE_BYTES] = scanner.bytes
+        return duration, None
+    attrs[sc.LLM_CLIENT_CHUNKS] = scanner.token_events
+    attrs[sc.LLM_CLIENT_RESPONSE_BYTES] = scanner.bytes
     if not scanner.first_token_ns:
-        return timings
+        return duration, None
     ttft = (scanner.first_token_ns - call.t0) * _NS
-    timings[sc.LLM_CLIENT_TIME_TO_FIRST_TOKEN] = ttft
-    timings[sc.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = ttft
-    timings[sc.LLM_CLIENT_MAX_CHUNK_GAP] = scanner.max_gap_ns * _NS
+    attrs[sc.LLM_CLIENT_TIME_TO_FIRST_TOKEN] = ttft
+    attrs[sc.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = ttft
+    attrs[sc.LLM_CLIENT_MAX_CHUNK_GAP] = scanner.max_gap_ns * _NS
     generation = (scanner.last_token_ns - scanner.first_token_ns) * _NS
-    timings[sc.LLM_CLIENT_GENERATION_DURATION] = generation
+    attrs[sc.LLM_CLIENT_GENERATION_DURATION] = generation
     tokens = response.output_tokens if response is not None and response.output_tokens else None
     counted = tokens if tokens is not None else scanner.token_events
     if generation > 0 and counted > 1:
-        timings[sc.LLM_CLIENT_GENERATION_RATE] = (counted - 1) / generation
+        attrs[sc.LLM_CLIENT_GENERATION_RATE] = (counted - 1) / generation
     if scanner.token_events > 1 and generation > 0:
-        timings["time_per_chunk"] = generation / (scanner.token_events - 1)
-    return timings
+        return duration, generation / (scanner.token_events - 1)
+    return duration, None
 
 
 def _error_type(call: LlmCall) -> str | None:

@@ -17,6 +17,7 @@ from otel_llm.version import __version__
 
 if TYPE_CHECKING:
     from otel_llm.parse.runtimes import RuntimeCounters
+    from otel_llm.telemetry.phases import Phase
 
 # Metric attributes: the GenAI common set (low cardinality; no ids, no URLs).
 _METRIC_KEYS = (
@@ -185,10 +186,11 @@ class CallMetrics:
                 {k: v for k, v in zip(_METRIC_KEYS, values) if v is not None})
         return sets
 
-    def record(self, span_attrs: dict[str, Any], timings: dict[str, Any], phases: list[tuple[str, float]],
+    def record(self, span_attrs: dict[str, Any], duration: float, per_chunk: float | None, phases: list[Phase],
                span_context: SpanContext | None = None, counters: RuntimeCounters | None = None) -> None:
-        """Record one finished call: ``timings`` holds the llm.client.* values, ``counters`` the
-        runtime's own (when it reported any); the diagnosis comes from ``span_attrs``.
+        """Record one finished call of ``duration`` seconds (``per_chunk``: a stream's mean time
+        between output chunks): the llm.client.* values and the diagnosis come from
+        ``span_attrs``, ``counters`` are the runtime's own (when it reported any).
 
         The call's duration and time to first token are recorded in the call span's context so
         the SDK keeps exemplars (trace ids) on them: a latency panel links to its slow traces.
@@ -199,25 +201,24 @@ class CallMetrics:
         linked = _NO_CONTEXT
         if span_context is not None and span_context.trace_flags.sampled:
             linked = trace.set_span_in_context(trace.NonRecordingSpan(span_context), _NO_CONTEXT)
-        self.duration.record(timings["duration"], attrs, linked)
+        self.duration.record(duration, attrs, linked)
         value = span_attrs.get(sc.GEN_AI_USAGE_INPUT_TOKENS)
         if value.__class__ is int:
             self.tokens.record(value, sets.input, context)
         value = span_attrs.get(sc.GEN_AI_USAGE_OUTPUT_TOKENS)
         if value.__class__ is int:
             self.tokens.record(value, sets.output, context)
-        ttft = timings.get(sc.LLM_CLIENT_TIME_TO_FIRST_TOKEN)
+        ttft = span_attrs.get(sc.LLM_CLIENT_TIME_TO_FIRST_TOKEN)
         if ttft is not None:
             self.first_chunk.record(ttft, attrs, linked)
-        per_chunk = timings.get("time_per_chunk")
         if per_chunk is not None:
             self.per_chunk.record(per_chunk, attrs, context)
         by_phase = sets.by_phase
-        for name, seconds in phases:
+        for name, start_ns, end_ns, _ in phases:
             phase_attrs = by_phase.get(name)
             if phase_attrs is None:
                 phase_attrs = by_phase[name] = {**sets.phase, sc.LLM_PHASE: name}
-            self.phase.record(seconds, phase_attrs, context)
+            self.phase.record((end_ns - start_ns) * 1e-9, phase_attrs, context)
         self._record_diagnosis(span_attrs, sets)
         if counters is not None:
             self._record_runtime(sets.runtime, counters)
