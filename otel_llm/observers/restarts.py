@@ -139,12 +139,24 @@ class RestartWatch:
             self.pending[key] = event
 
     def _primary(self, listener: Listener | None) -> psutil.Process | None:
-        """The listener's process to follow: the oldest one (a pre-forking server's parent;
-        its workers share the socket), never this process."""
-        if listener is None:
-            return None
-        candidates = [p for p in listener.processes if p.pid != self._own_pid and _running(p)]
-        return min(candidates, key=_started, default=None)
+        return primary_process(listener, self._own_pid)
+
+
+def primary_process(listener: Listener | None, own_pid: int | None = None) -> psutil.Process | None:
+    """The listener's process to follow: the oldest one (a pre-forking server's parent; its
+    workers share the socket), never this process."""
+    if listener is None:
+        return None
+    own = os.getpid() if own_pid is None else own_pid
+    candidates = [p for p in listener.processes if p.pid != own and _running(p)]
+    return min(candidates, key=_started, default=None)
+
+
+def listener_pid(port: int, identify: Identify = listening_runtimes) -> int | None:
+    """The PID the restart watch would follow on this host's ``port`` (None: no visible process
+    other than this one listens there). Read from /proc; no request is sent."""
+    process = primary_process(identify({port}).get(port))
+    return process.pid if process is not None else None
 
 
 def _started(proc: psutil.Process) -> tuple[float, int]:
