@@ -17,6 +17,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import openai
+import psutil
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -122,6 +123,13 @@ def _listener(port: int) -> subprocess.Popen[str]:
     return proc
 
 
+def _wait_for(condition: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -161,8 +169,8 @@ def test_a_server_that_disappears_then_comes_back(watch: Any, caplog: pytest.Log
         restarts.check()  # first sight
         restarts.check()
         assert restarts.pending == {} and not _points(reader, sc.METRIC_RUNTIME_RESTARTS)
-        first.kill()
-        first.wait()
+        first.kill()  # not reaped yet: a zombie still has its pid, but no longer listens
+        _wait_for(lambda: psutil.Process(first.pid).status() == psutil.STATUS_ZOMBIE)
         restarts.check()
     finally:
         first.kill()
@@ -189,18 +197,30 @@ def test_a_server_that_disappears_then_comes_back(watch: Any, caplog: pytest.Log
 
 
 @pytest.mark.skipif(not LINUX, reason="the listener is read from /proc")
-def test_a_listener_in_this_process_is_never_a_restart(watch: Any) -> None:
+def test_a_listener_in_this_process_is_never_the_runtime(watch: Any) -> None:
+    """The application's own listener (a test server in it) is not followed: a runtime that
+    listens there later is a first sight, and its exit the first restart."""
     restarts, registry, reader, clock = watch
     own = socket.socket()
+    own.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     own.bind(("127.0.0.1", 0))
     own.listen()
     port = own.getsockname()[1]
     registry.note("127.0.0.1", port, None)
     restarts.check()
     own.close()
-    clock.now += RESCAN
-    restarts.check()
-    assert restarts.pending == {} and not _points(reader, sc.METRIC_RUNTIME_RESTARTS)
+    runtime = _listener(port)
+    try:
+        clock.now += RESCAN
+        restarts.check()
+        assert restarts.pending == {} and not _points(reader, sc.METRIC_RUNTIME_RESTARTS)
+        runtime.kill()
+        runtime.wait()
+        restarts.check()
+    finally:
+        runtime.kill()
+        runtime.wait()
+    assert restarts.pending == {("127.0.0.1", port): {sc.LLM_RUNTIME_PREVIOUS_PID: runtime.pid}}
 
 
 def test_a_failing_watch_never_raises(caplog: pytest.LogCaptureFixture) -> None:
