@@ -13,7 +13,7 @@ On a restart (another PID listens now) or a disappearance (nothing visible liste
   ``llm.runtime.name`` when known);
 * one WARNING line: ``otel_llm: the model server at HOST:PORT restarted (pid OLD -> NEW)`` or
   ``... disappeared (pid OLD)``; a server coming back after it disappeared is logged at INFO and
-  is not counted again (it is the same restart);
+  is not counted again (it is the same restart), and its pending event gains the new pid;
 * the next call to that server that starts afterwards carries the span event
   ``llm.runtime.restarted`` (``llm.runtime.previous_pid``, and ``llm.runtime.pid`` unless nothing
   listens). Pending events live in a plain dict shared with the call path, which reads it
@@ -49,6 +49,7 @@ class _Watched:
     runtime: str | None
     checked_at: float
     lost: int | None = None  # the pid that went away, while nothing listens since
+    event: dict[str, Any] | None = None  # that disappearance's event (completed if the server comes back)
 
 
 class RestartWatch:
@@ -114,19 +115,19 @@ class RestartWatch:
         if old is None:
             if new is not None and watched.lost is not None:  # back after it disappeared
                 logger.info("otel_llm: the model server at %s:%s is back (pid %s)", host, port, new)
-                for key in servers:  # a call not yet made sees where the server is now
-                    event = self.pending.get(key)
-                    if event is not None:
-                        self.pending[key] = {**event, sc.LLM_RUNTIME_PID: new}
+                if watched.event is not None:
+                    # completed in place, never re-inserted: a call that already took the event
+                    # (it copies it) is not given it twice, whatever the race with the call path
+                    watched.event[sc.LLM_RUNTIME_PID] = new
             elif new is None:
-                self._watched[port].lost = watched.lost  # still gone
+                self._watched[port].lost, self._watched[port].event = watched.lost, watched.event  # still gone
             return
         if new == old:
             return  # the same process (a liveness test that raced its own exit)
         if new is None:
-            self._watched[port].lost = old
             logger.warning("otel_llm: the model server at %s:%s disappeared (pid %s)", host, port, old)
             event: dict[str, Any] = {sc.LLM_RUNTIME_PREVIOUS_PID: old}
+            self._watched[port].lost, self._watched[port].event = old, event
         else:
             logger.warning("otel_llm: the model server at %s:%s restarted (pid %s -> %s)", host, port, old, new)
             event = {sc.LLM_RUNTIME_PREVIOUS_PID: old, sc.LLM_RUNTIME_PID: new}

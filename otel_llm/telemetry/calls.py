@@ -305,7 +305,7 @@ def _restart_event(observers: Observers, host: str, port: int, span: CallSpan) -
     try:
         event = observers.take_restart(host, port)
         if event is not None:
-            span.events = [(sc.EVENT_RUNTIME_RESTARTED, event)]
+            span.events = [(sc.EVENT_RUNTIME_RESTARTED, dict(event))]  # the watch may still complete it
     except Exception:
         log_once("attaching a runtime restart to a call failed")
 
