@@ -149,6 +149,14 @@ METRIC_RUNTIME_MODEL_MEMORY = "llm.runtime.model.memory"
 METRIC_RUNTIME_MODEL_EXPIRES_IN = "llm.runtime.model.expires_in"
 LLM_RUNTIME_MEMORY_LOCATION = "llm.runtime.memory.location"
 
+# --- runtime restarts and the kernel's OOM kills (observers.restarts, observers.oom) ----------
+# No semantic convention names these yet (semconv has only k8s' "OOMKilled" reason value).
+METRIC_RUNTIME_RESTARTS = "llm.runtime.restarts"  # counter {restart}: the process at host:port changed or went
+METRIC_HOST_OOM_KILLS = "llm.host.oom_kills"  # counter {kill}: growth of /proc/vmstat's oom_kill
+EVENT_RUNTIME_RESTARTED = "llm.runtime.restarted"  # span event on the first call after a restart
+LLM_RUNTIME_PID = "llm.runtime.pid"  # the process listening now (absent: none seen)
+LLM_RUNTIME_PREVIOUS_PID = "llm.runtime.previous_pid"
+
 # --- phase (child) span names --------------------------------------------------------------
 SPAN_POOL_WAIT = "http.pool_wait"
 SPAN_DNS = "http.dns"

@@ -15,6 +15,7 @@ import pytest
 
 import otel_llm
 from otel_llm.diagnose.cli import parse_args, run
+from otel_llm.diagnose.hoststate import HostReading
 from otel_llm.diagnose.trials import TargetResult, Trial, request_for
 from otel_llm.diagnose.verdicts import CODES, THRESHOLDS, Verdict, verdicts
 
@@ -281,6 +282,62 @@ def test_verdicts_buffering() -> None:
     assert all(v.code in CODES for v in found)
 
 
+def _host(step: str, pid: int | None = 100, swap_in: int = 0, swap_out: int = 0, faults: int = 50) -> HostReading:
+    return HostReading(step, pid, {"pswpin": swap_in, "pswpout": swap_out, "pgmajfault": faults})
+
+
+def test_verdicts_runtime_restarted() -> None:
+    failed = Trial(kind="warm", index=1, error="unreachable", detail="All connection attempts failed")
+    found = verdicts(result(warm=warm(2) + [failed], host_readings=[_host("start", 100), _host("end", 200)]))
+    assert found[0].code == "runtime_restarted"
+    evidence = found[0].evidence
+    assert (evidence["pid_before"], evidence["pid_after"], evidence["failed_trials"]) == (100, 200, 1)
+    assert evidence["failures"] == ["warm #2: unreachable All connection attempts failed"]
+    assert "pid 100 -> 200" in found[0].summary and "dmesg" in found[0].remedy
+    # the same process throughout, or no process seen at one end: no restart to report
+    assert verdicts(result(host_readings=[_host("start", 100), _host("end", 100)]))[0].code == "healthy"
+    assert verdicts(result(host_readings=[_host("start", None), _host("end", 200)]))[0].code == "healthy"
+    # a --cold command may restart the runtime on purpose: not across the cold step, but after it
+    cold = [_host("start", 100), _host("before cold trials", 100), _host("after cold trials", 300)]
+    assert verdicts(result(host_readings=cold + [_host("end", 300)]))[0].code == "healthy"
+    found = verdicts(result(host_readings=cold + [_host("end", 400)]))
+    assert found[0].code == "runtime_restarted" and found[0].evidence["pid_before"] == 300
+    assert found[0].evidence["between"] == "after cold trials .. end" and found[0].evidence["failed_trials"] == 0
+
+
+def test_verdicts_memory_pressure_from_vmstat_deltas() -> None:
+    pages, faults = THRESHOLDS["swap_pages"], THRESHOLDS["major_faults"]
+    found = verdicts(result(host_readings=[_host("start", swap_in=10, swap_out=20),
+                                           _host("end", swap_in=10 + pages // 2, swap_out=20 + pages // 2)]))
+    assert found[0].code == "memory_pressure"
+    assert {k: found[0].evidence[k] for k in ("swap_in_pages", "swap_out_pages", "major_faults")} == {
+        "swap_in_pages": pages // 2, "swap_out_pages": pages // 2, "major_faults": 0}
+    found = verdicts(result(host_readings=[_host("start", faults=50), _host("end", faults=50 + faults)]))
+    assert [v.code for v in found] == ["memory_pressure"] and found[0].evidence["major_faults"] == faults
+    # just under both thresholds: the odd swapped page and a few faults are no pressure
+    calm = [_host("start", swap_out=5, faults=50), _host("end", swap_out=4 + pages, faults=49 + faults)]
+    assert verdicts(result(host_readings=calm))[0].code == "healthy"
+    # the deliberate cold step (a model loaded from disk on purpose) is not counted
+    cold = [_host("start"), _host("before cold trials"), _host("after cold trials", faults=50 + 10 * faults),
+            _host("end", faults=50 + 10 * faults)]
+    assert verdicts(result(host_readings=cold))[0].code == "healthy"
+    # a server on another host has no readings: nothing to say
+    assert verdicts(result(host_readings=[]))[0].code == "healthy"
+
+
+def test_host_readings_from_a_vmstat_file(tmp_path: Path) -> None:
+    from otel_llm.diagnose.hoststate import read_host
+
+    vmstat = tmp_path / "vmstat"
+    vmstat.write_text("nr_free_pages 1\npgmajfault 930\npswpin 7\npswpout 8\noom_kill 0\n")
+    with socket.socket() as own:  # a listener in this process is never the runtime
+        own.bind(("127.0.0.1", 0))
+        own.listen()
+        reading = read_host(f"http://127.0.0.1:{own.getsockname()[1]}/v1", "start", str(vmstat))
+    assert reading == HostReading("start", None, {"pswpin": 7, "pswpout": 8, "pgmajfault": 930})
+    assert read_host("http://203.0.113.9:8080", "start", str(vmstat)) is None  # not on this host
+
+
 def test_request_payloads() -> None:
     url, body = request_for("openai", "http://h:1/v1/", "m", 8)
     assert url == "http://h:1/v1/chat/completions" and body["stream_options"] == {"include_usage": True}
@@ -430,3 +487,45 @@ def test_progress_bar() -> None:
     assert progress_bar(0, 4, "warm", width=8) == "warm [--------] 0/4"
     assert progress_bar(2, 4, "warm", width=8) == "warm [####----] 2/4"
     assert progress_bar(9, 4, "warm", width=8) == "warm [########] 9/4"
+
+
+def test_runtime_restarted_during_the_trials_of_the_real_llamacpp_server(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """llama-server killed after the first warm trial and started again on its port after the
+    second (which fails on the dead server): the verdict names both PIDs and the failed trial."""
+    import os
+    import signal
+
+    from otel_llm.diagnose.trials import TrialRunner
+    from otel_llm.testing import LlamaServer
+
+    servers = [LlamaServer(slots=2).start()]
+    pids = [servers[0].pid]
+    one = TrialRunner.one
+
+    def around_warm_trials(runner: TrialRunner, kind: str, index: int = 0, *args: Any, **kwargs: Any) -> Trial:
+        trial = one(runner, kind, index, *args, **kwargs)
+        if kind == "warm" and index == 0:
+            os.kill(pids[0], signal.SIGKILL)
+            servers[0].stop()  # reaped; the next trial finds nobody listening
+        elif kind == "warm" and index == 1:
+            servers.append(LlamaServer(slots=2, port=servers[0].port).start())
+            pids.append(servers[-1].pid)
+        return trial
+
+    monkeypatch.setattr(TrialRunner, "one", around_warm_trials)
+    try:
+        record = tmp_path / "restart.json"
+        run(parse_args([servers[0].base_url, "--model", "gemma", "--api", "llamacpp", "--quick", "--trials", "3",
+                        "--max-concurrency", "1", "--json", str(record)]))
+    finally:
+        for server in servers:
+            server.stop()
+    target = json.loads(record.read_text())["targets"][0]
+    assert target["warm"][1]["error"] in ("unreachable", "error")
+    assert target["warm"][0]["error"] is None and target["warm"][2]["error"] is None
+    assert target["primary"] == "runtime_restarted", target["verdicts"]
+    evidence = target["verdicts"][0]["evidence"]
+    assert (evidence["pid_before"], evidence["pid_after"]) == tuple(pids) and pids[0] != pids[1]
+    assert evidence["failed_trials"] == 1 and evidence["failures"][0].startswith("warm #2: ")
+    assert [r["pid"] for r in target["host"]] == pids

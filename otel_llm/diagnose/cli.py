@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import socket
@@ -19,6 +20,7 @@ from . import sweep
 from .authcheck import auth_check, auth_findings, auth_verdicts
 from .cold import ColdControl, cold_trials
 from .detect import Detection, detect, server_root
+from .hoststate import read_host
 from .netpath import network_path_verdicts
 from .trials import APIS, TargetResult, TrialRunner, sweep_prompt
 from .verdicts import EXPLAIN, Verdict, median, verdicts
@@ -205,6 +207,7 @@ def _add_network_path(results: list[TargetResult], found: list[list[Verdict]], s
 def _diagnose(runner: TrialRunner, url: str, args: argparse.Namespace, settings: dict[str, int],
               auth_sent: bool, say: Callable[[str], None], detection: Detection) -> TargetResult:
     result = TargetResult(url=url, api=runner.api, model=args.model, auth_sent=auth_sent)
+    _read_host(result, url, "start")
     detected = " (detected)" if args.api == "auto" else ""
     say(f"== {url} ({runner.api}{detected}, model {args.model}) -> {runner.url}")
     say("[1] reachability and correctness: one request (recorded as the cold trial)")
@@ -244,8 +247,10 @@ def _diagnose(runner: TrialRunner, url: str, args: argparse.Namespace, settings:
         except ValueError as exc:
             say(f"    not run: {exc}")
         else:
+            _read_host(result, url, "before cold trials")  # a cold command may restart the runtime
             result.cold_trials = cold_trials(runner, args.cold_trials, control, url, args.model,
                                              on_trial=lambda trial: say("    " + report.trial_line(trial)))
+            _read_host(result, url, "after cold trials")
 
     say(f"[4] prompt-size sweep, output limit fixed at {settings['max_tokens']} tokens")
     context = result.model_info.context_length if result.model_info is not None else None
@@ -285,4 +290,16 @@ def _diagnose(runner: TrialRunner, url: str, args: argparse.Namespace, settings:
             f"{report._fmt(gap, 's')}")
     else:
         say(f"    not judged (streams too short); median longest chunk gap {report._fmt(gap, 's')}")
+    _read_host(result, url, "end")
+    readings = result.host_readings
+    if readings:
+        pids = " -> ".join(pid for pid, _ in itertools.groupby(str(r.pid or "none seen") for r in readings))
+        say(f"    runtime process on this host: pid {pids}")
     return result
+
+
+def _read_host(result: TargetResult, url: str, step: str) -> None:
+    """The runtime's PID and the host's paging counters now (a server on this host only)."""
+    reading = read_host(url, step)
+    if reading is not None:
+        result.host_readings.append(reading)

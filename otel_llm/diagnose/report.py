@@ -119,6 +119,7 @@ def json_record(config: dict[str, Any], results: Sequence[TargetResult],
                 "judged_trials": sum(1 for t in result.warm if t.stream_buffered is not None),
                 "median_max_chunk_gap": median(t.max_chunk_gap for t in result.warm),
             },
+            "host": [r.to_dict() for r in result.host_readings],
             "verdicts": [v.to_dict() for v in verdicts_],
             "primary": verdicts_[0].code if verdicts_ else None,
         })

@@ -16,6 +16,7 @@ from otel_llm import semconv as sc
 from otel_llm.parse.runtimes import ModelInfo
 from otel_llm.bench import workload
 from otel_llm.bench.load import Level, RequestRecord, RequestSpan, run_level
+from otel_llm.diagnose.hoststate import HostReading
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
@@ -86,6 +87,8 @@ class TargetResult:
     runtime_name: str | None = None
     runtime_version: str | None = None
     model_info: ModelInfo | None = None  # from the runtime's metadata route (context length...)
+    # the runtime's PID and /proc/vmstat between the steps, oldest first (a server on this host only)
+    host_readings: list[HostReading] = field(default_factory=list)
 
     @property
     def cold(self) -> Trial | None:
@@ -93,6 +96,12 @@ class TargetResult:
 
     def ok_warm(self) -> list[Trial]:
         return [t for t in self.warm if t.ok]
+
+    def all_trials(self) -> list[Trial]:
+        """Every recorded trial, in the order of the steps."""
+        first = [self.reachable] if self.reachable is not None else []
+        return first + self.warm + self.cold_trials + self.prompt_sweep + [
+            t for level in sorted(self.concurrency) for t in self.concurrency[level]]
 
 
 def sweep_prompt(sentences: int, nonce: str) -> str:

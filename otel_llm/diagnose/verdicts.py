@@ -1,8 +1,10 @@
 """Verdicts: pure functions from measured results to stable codes with evidence and remedy.
 
 Codes (stable; scripts may rely on them): ``unreachable``, ``http_error``, ``auth_missing``,
-``cold_start``, ``prefill_bound``, ``decode_bound``, ``queueing``, ``shared_compute``,
-``buffering``, ``healthy``. The first verdict of the list is the primary one.
+``runtime_restarted``, ``memory_pressure``, ``cold_start``, ``prefill_bound``, ``decode_bound``,
+``queueing``, ``shared_compute``, ``buffering``, ``healthy``. The first verdict of the list is the
+primary one: a restart or memory pressure during the trials comes first, as it also bends every
+timing measured across it.
 """
 
 from __future__ import annotations
@@ -12,12 +14,13 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .hoststate import HostReading
 from .trials import TargetResult, Trial
 
 __all__ = ["CODES", "THRESHOLDS", "Verdict", "median", "verdicts"]
 
-CODES = ("unreachable", "http_error", "auth_missing", "cold_start", "prefill_bound", "decode_bound",
-         "queueing", "shared_compute", "buffering", "network_path", "healthy")
+CODES = ("unreachable", "http_error", "auth_missing", "runtime_restarted", "memory_pressure", "cold_start",
+         "prefill_bound", "decode_bound", "queueing", "shared_compute", "buffering", "network_path", "healthy")
 
 THRESHOLDS = {
     # cold trial's ttft exceeds the warm median by this much (s) and by this factor
@@ -38,7 +41,21 @@ THRESHOLDS = {
     "shared_rate_share": 0.7,
     # share of the warm trials the instrumentation found buffered
     "buffered_share": 0.5,
+    # pages swapped in plus out on the host during the trials (the cold step excluded): 1,024
+    # pages is 4 MiB of 4 KiB pages, above the odd idle page a calm host swaps out now and then
+    # and far below what a model whose working set does not fit moves in a few generations
+    "swap_pages": 1024,
+    # major page faults on the host during the trials (the cold step excluded): a resident model
+    # takes none; an mmap'd model (llama.cpp, Ollama) whose pages the kernel dropped for lack of
+    # memory reads them back from disk, thousands per generation. A few hundred come from
+    # programs starting on a cold page cache: not pressure
+    "major_faults": 1000,
 }
+
+# trial errors that a runtime going away gives: refused connection, reset or broken stream
+CONNECTION_ERRORS = ("unreachable", "error")
+# the readings around deliberate cold resets (a --cold command may restart the runtime on purpose)
+_DELIBERATE = ("before cold trials", "after cold trials")
 
 EXPLAIN = {
     "unreachable": "A connection refusal means no reachable listener answered at that address and port.",
@@ -240,14 +257,62 @@ def _buffering_cause(headers: dict[str, str]) -> str:
     return f": {'; '.join(found)}" if found else ""
 
 
+def _segments(readings: list[HostReading]) -> list[tuple[HostReading, HostReading]]:
+    """Consecutive pairs of readings, without the one across the deliberate cold resets."""
+    return [(a, b) for a, b in zip(readings, readings[1:]) if (a.step, b.step) != _DELIBERATE]
+
+
+def _restarted(result: TargetResult) -> Verdict | None:
+    """The runtime's process changed between two readings: it was restarted (or replaced)."""
+    changed = next(((a, b) for a, b in _segments(result.host_readings)
+                    if a.pid is not None and b.pid is not None and a.pid != b.pid), None)
+    if changed is None:
+        return None
+    before, after = changed
+    failed = [t for t in result.all_trials() if t.error in CONNECTION_ERRORS]
+    evidence = {"pid_before": before.pid, "pid_after": after.pid, "between": f"{before.step} .. {after.step}",
+                "failed_trials": len(failed),
+                "failures": [f"{t.kind} #{t.index + 1}: {t.error} {t.detail or ''}".rstrip() for t in failed[:5]]}
+    how = (f"{len(failed)} trial(s) failed on a refused or broken connection" if failed
+           else "no trial failed (it fell between two of them)")
+    return Verdict("runtime_restarted", f"the runtime's process changed during the trials (pid {before.pid} -> "
+                   f"{after.pid}): it was restarted; {how}", evidence,
+                   "find out why it restarted: its own log, the kernel log (dmesg: an OOM kill) and its "
+                   "supervisor's restart policy; timings across a restart mix a cold runtime with a warm one")
+
+
+def _memory_pressure(result: TargetResult) -> Verdict | None:
+    """The host swapped, or read pages back from disk, while the trials ran."""
+    deltas = {"swap_in_pages": 0, "swap_out_pages": 0, "major_faults": 0}
+    seen = False
+    for before, after in _segments(result.host_readings):
+        for key, name in (("pswpin", "swap_in_pages"), ("pswpout", "swap_out_pages"), ("pgmajfault", "major_faults")):
+            if key in before.vmstat and key in after.vmstat:
+                deltas[name] += max(0, after.vmstat[key] - before.vmstat[key])
+                seen = True
+    if not seen:
+        return None
+    swapped = deltas["swap_in_pages"] + deltas["swap_out_pages"]
+    if swapped < THRESHOLDS["swap_pages"] and deltas["major_faults"] < THRESHOLDS["major_faults"]:
+        return None
+    evidence = {**deltas, "swap_pages_threshold": THRESHOLDS["swap_pages"],
+                "major_faults_threshold": THRESHOLDS["major_faults"]}
+    return Verdict("memory_pressure", f"the host ran short of memory during the trials: {deltas['swap_in_pages']} "
+                   f"pages swapped in, {deltas['swap_out_pages']} out, {deltas['major_faults']} major page faults "
+                   "(/proc/vmstat)", evidence,
+                   "free memory on the host (other processes), or use a smaller or more quantized model or a "
+                   "smaller context; a model paged to swap or re-read from disk runs at disk speed")
+
+
 def verdicts(result: TargetResult) -> list[Verdict]:
     """Verdicts for one target, the primary (most decisive) first; ``healthy`` when nothing is found."""
     failed = _reachability(result)
     if failed is not None:
         return [failed]
     warm = result.ok_warm()
-    found = [v for v in (_cold(result, warm), _queueing(result, warm), _buffering(warm), _prefill(warm),
-                         _decode(warm), _shared(result, warm)) if v is not None]
+    found = [v for v in (_restarted(result), _memory_pressure(result), _cold(result, warm),
+                         _queueing(result, warm), _buffering(warm), _prefill(warm), _decode(warm),
+                         _shared(result, warm)) if v is not None]
     if found:
         return found
     ttft = median(t.ttft for t in warm)

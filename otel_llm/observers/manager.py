@@ -4,6 +4,9 @@ Each observer is optional (``host_metrics``, ``gpu_metrics``, ``runtime_metrics`
 that fails to start is logged once and left off: observers never stop ``instrument()``.
 What a model call gets from them is read from memory only (the sampler's ring buffer and the
 runtime poller's latest state), so the per-call cost is a few dictionary lookups.
+Riding on the host sampler's ticks (so only with ``host_metrics``), the restart watch notices a
+local server's runtime process changing PID or going away, and the kernel's OOM kills are
+counted (``restarts``, ``oom``); a restart pending for a server is one attribute load per call.
 With no model call for ``idle_after`` seconds (30 s) the host sampler rests and the runtime poller
 slows to one poll per 15 s, until the next call (see ``activity``).
 """
@@ -35,10 +38,25 @@ class Observers:
         meter = meter_provider.get_meter(sc.INSTRUMENTATION_NAME, __version__)
         self._interval = interval
         self._stoppable: list[Any] = []
+        # (host, port) -> the llm.runtime.restarted event its next call carries; the restart
+        # watch adds, the call path pops, neither locks (single dict operations)
+        self.pending_restarts: dict[tuple[str, int], dict[str, Any]] = {}
         self.processes = _try("runtime process finder", self._processes) if (host or gpu) else None
         self.runtime_state = _try("runtime-state observer", self._runtime, meter) if runtime else None
         self.gpu = _try("GPU observer", self._gpu, meter) if gpu else None
+        self.restarts = _try("restart watch", self._restarts, meter) if host else None
+        self.oom = _try("OOM-kill count", self._oom, meter) if host else None
         self.sampler = _try("host observer", self._host, meter, interval) if host else None
+
+    def _restarts(self, meter: Any) -> Any:
+        from otel_llm.observers.restarts import RestartWatch
+
+        return RestartWatch(self.registry, meter, self.pending_restarts)
+
+    def _oom(self, meter: Any) -> Any:
+        from otel_llm.observers.oom import OomWatch
+
+        return OomWatch(meter)
 
     def _runtime(self, meter: Any) -> Any:
         from otel_llm.observers.poll_policy import PollPolicy
@@ -74,7 +92,8 @@ class Observers:
             raise RuntimeError("the runtime process finder did not start")
         HostObserver(meter, self.processes)
         probes = [self.gpu.sample] if self.gpu is not None else []
-        sampler = HostSampler(interval=interval, probes=probes, activity=self.activity)
+        watchers = [watch.on_sample for watch in (self.restarts, self.oom) if watch is not None]
+        sampler = HostSampler(interval=interval, probes=probes, activity=self.activity, watchers=watchers)
         sampler.start()
         self._stoppable.append(sampler)
         return sampler
@@ -92,6 +111,11 @@ class Observers:
             if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
                 found[attribute] = int(value)
         return found
+
+    def take_restart(self, host: str, port: int) -> dict[str, Any] | None:
+        """The restart event pending for host:port, removed: the call starting now carries it.
+        Callers test ``pending_restarts`` first (empty: nothing to take)."""
+        return self.pending_restarts.pop((host, port), None)
 
     def runtime_of(self, host: str, port: int) -> str | None:
         """The runtime the observers recognized at host:port (see ``RuntimeStateObserver.runtime_of``)."""

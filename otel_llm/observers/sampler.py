@@ -18,6 +18,9 @@ CPU and GPU utilization are means over the samples used, memory utilization and 
 maxima. Cumulative counters (major faults, swap-in/out pages) are deltas from the sample before
 the first sample used (or, when the buffer holds none, the first one used) to the last sample
 used, never negative; they are left out when that leaves a single sample.
+
+After each sample the ``watchers`` run on the sampler's thread with it (the restart watch and
+the OOM-kill count, see ``restarts`` and ``oom``); one that fails is logged once and skipped.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import psutil
 
 from otel_llm._log import log_once
 from otel_llm.observers.activity import Activity
-from otel_llm.observers.host import read_vmstat
+from otel_llm.observers.host import VMSTAT_PATH, read_vmstat
 from otel_llm.semconv import (  # noqa: F401 - names callers import from here too
     LLM_HOST_CPU_UTILIZATION, LLM_HOST_MEMORY_UTILIZATION, LLM_HOST_PAGING_MAJOR_FAULTS,
     LLM_HOST_SWAP_IN, LLM_HOST_SWAP_OUT, LLM_HOST_GPU_UTILIZATION, LLM_HOST_GPU_MEMORY_USAGE,
@@ -44,7 +47,8 @@ PROBE_GPU_UTILIZATION = "gpu.utilization"
 PROBE_GPU_MEMORY_USAGE = "gpu.memory.usage"
 
 Probe = Callable[[], Mapping[str, "float | int | None"]]
-_VMSTAT_KEYS = (b"pgmajfault", b"pswpin", b"pswpout")
+Watcher = Callable[["Sample"], None]
+_VMSTAT_KEYS = (b"pgmajfault", b"pswpin", b"pswpout", b"oom_kill")
 # iowait is idle time spent waiting for disks: not busy (psutil.cpu_percent counts it the same)
 _IDLE_FIELDS = ("idle", "iowait")
 _GUEST_FIELDS = ("guest", "guest_nice")  # already inside user/nice on Linux
@@ -64,17 +68,21 @@ class Sample:
     swap_in: int | None = None  # pages, cumulative
     swap_out: int | None = None
     probes: Mapping[str, float | int | None] = field(default_factory=dict)
+    oom_kills: int | None = None  # the kernel's OOM kills since boot (vmstat oom_kill)
 
 
 class HostSampler:
     """Samples the host every ``interval`` seconds into a ``window``-second ring buffer."""
 
     def __init__(self, interval: float = 1.0, window: float = 300.0, probes: Sequence[Probe] = (),
-                 activity: Activity | None = None) -> None:
+                 activity: Activity | None = None, watchers: Sequence[Watcher] = (),
+                 vmstat_path: str = VMSTAT_PATH) -> None:
         self.interval = interval
         self.activity = activity  # when given, sampling pauses while the application makes no call
         self.interval_ns = int(interval * 1e9)
         self.probes = list(probes)
+        self.watchers = list(watchers)
+        self.vmstat_path = vmstat_path
         self._samples: collections.deque[Sample] = collections.deque(maxlen=max(1, int(window / interval)))
         self._lock = threading.Lock()  # window_attributes iterates while the thread appends
         self._sampling = threading.Lock()  # sample_now from a test and the thread: keep time order
@@ -135,11 +143,16 @@ class HostSampler:
             now = time.perf_counter_ns()
             cpu = self._cpu_since_previous()
             memory = _memory_utilization()
-            vmstat = _vmstat()
+            vmstat = _vmstat(self.vmstat_path)
             sample = Sample(now, self._previous_ns, cpu, memory, vmstat.get("pgmajfault"), vmstat.get("pswpin"),
-                            vmstat.get("pswpout"), self._read_probes())
+                            vmstat.get("pswpout"), self._read_probes(), vmstat.get("oom_kill"))
             self._previous_ns = now
             self.append(sample)
+            for watcher in self.watchers:
+                try:
+                    watcher(sample)
+                except Exception:
+                    log_once(f"host sampler: watcher {getattr(watcher, '__qualname__', watcher)!s} failed")
         return sample
 
     def append(self, sample: Sample) -> None:
@@ -286,9 +299,9 @@ def _read_head(path: str) -> bytes | None:
         os.close(fd)
 
 
-def _vmstat() -> dict[str, int]:
+def _vmstat(path: str = VMSTAT_PATH) -> dict[str, int]:
     try:
-        return read_vmstat(_VMSTAT_KEYS) or {}
+        return read_vmstat(_VMSTAT_KEYS, path) or {}
     except Exception:
         log_once("host sampler: reading /proc/vmstat failed")
         return {}

@@ -109,7 +109,7 @@ class Telemetry:
         state = CallState(info, endpoint, admission, span)
         self.live[id(call)] = call
         if self.observers is not None:
-            self._note_server(self.observers, request, endpoint, span.attributes)
+            self._note_server(self.observers, request, endpoint, span)
         inject_context(request.headers, span)
         return state
 
@@ -138,13 +138,15 @@ class Telemetry:
         return endpoint
 
     @staticmethod
-    def _note_server(observers: Observers, request: CallRequest, endpoint: _Endpoint,
-                     attrs: dict[str, Any]) -> None:
-        """Let the observers watch this server; note what its runtime had queued."""
+    def _note_server(observers: Observers, request: CallRequest, endpoint: _Endpoint, span: CallSpan) -> None:
+        """Let the observers watch this server; note what its runtime had queued, and a restart
+        of it noticed since the previous call."""
         observers.activity.touch()
         host, port = endpoint.server
         observers.registry.note(host, port, endpoint.runtime, request.scheme)
-        attrs.update(observers.runtime_at_start(host, port))
+        span.attributes.update(observers.runtime_at_start(host, port))
+        if observers.pending_restarts:  # almost always empty: one attribute load and a truth test
+            _restart_event(observers, host, port, span)
 
     def relaying(self) -> None:
         """Every call from now on relays a request this process received (the gateway): its
@@ -293,6 +295,15 @@ _SYNTHESIZED = {sc.LLM_SYNTHESIZED: True}
 # (an invalid key quoted back) must not put it on the span
 _CREDENTIAL_HEADERS = ("authorization", "proxy-authorization", "x-api-key", "api-key")
 _MIN_SECRET = 6  # shorter values are not searched for (they would mask ordinary words)
+
+
+def _restart_event(observers: Observers, host: str, port: int, span: CallSpan) -> None:
+    try:
+        event = observers.take_restart(host, port)
+        if event is not None:
+            span.events = [(sc.EVENT_RUNTIME_RESTARTED, dict(event))]  # the watch may still complete it
+    except Exception:
+        log_once("attaching a runtime restart to a call failed")
 
 
 def _unloads(info: Any) -> bool:

@@ -10,6 +10,9 @@ Two sinks, same result:
   is what keeps a tree of up to eight spans cheaper than 1.5 generic HTTP spans. Processors see
   ``on_end`` for these spans, not ``on_start``.
 * ``ApiSpanSink`` for any other tracer: ordinary spans with explicit start and end times.
+
+The call span may carry events (``CallSpan.events``, None for almost every call: a runtime
+restart noticed before the call started is the one use), stamped with the call's start time.
 """
 
 from __future__ import annotations
@@ -25,12 +28,13 @@ if TYPE_CHECKING:
     from otel_llm.capture.call import LlmCall
 
 PhaseAttributes = Mapping[str, Any] | None
+SpanEvent = tuple[str, Mapping[str, Any]]  # (name, attributes), at the call's start
 
 
 class CallSpan:
     """The call span as seen before it is emitted: its context, and whether it records."""
 
-    __slots__ = ("context", "parent", "recording", "name", "attributes", "live")
+    __slots__ = ("context", "parent", "recording", "name", "attributes", "live", "events")
 
     def __init__(self, context: SpanContext, parent: SpanContext | None, recording: bool,
                  name: str, attributes: dict[str, Any], live: Any = None) -> None:
@@ -40,16 +44,18 @@ class CallSpan:
         self.name = name
         self.attributes = attributes
         self.live = live  # the API span, for ApiSpanSink
+        self.events: list[SpanEvent] | None = None  # rare: only allocated when there is one
 
 
 class SdkSpanSink:
     """Builds finished ``ReadableSpan`` trees for the SDK tracer's processors."""
 
     def __init__(self, tracer: Any) -> None:
-        from opentelemetry.sdk.trace import ReadableSpan
+        from opentelemetry.sdk.trace import Event, ReadableSpan
 
         self._tracer = tracer
         self._readable = ReadableSpan
+        self._event = Event
         self._processor = tracer.span_processor
         self._ids = tracer.id_generator
         self._resource = tracer.resource
@@ -74,11 +80,13 @@ class SdkSpanSink:
                            parent.trace_state)
 
     def emit(self, name: str, context: SpanContext, parent: SpanContext | None, kind: SpanKind,
-             attributes: PhaseAttributes, start_time: int, end_time: int, status: Status) -> None:
+             attributes: PhaseAttributes, start_time: int, end_time: int, status: Status,
+             events: tuple[Any, ...] = ()) -> None:
         """Hand one finished span to the tracer's processors."""
         self._processor.on_end(self._readable(
             name=name, context=context, parent=parent, resource=self._resource, attributes=attributes,
-            kind=kind, status=status, start_time=start_time, end_time=end_time, instrumentation_scope=self._scope,
+            events=events, kind=kind, status=status, start_time=start_time, end_time=end_time,
+            instrumentation_scope=self._scope,
         ))
 
     def finish(self, call: LlmCall, span: CallSpan, error: str | None,
@@ -93,8 +101,10 @@ class SdkSpanSink:
             child = SpanContext(trace_id, new_id(), False, flags, state)
             self.emit(phase.name, child, context, SpanKind.INTERNAL, attributes, phase.start_ns + shift,
                       phase.end_ns + shift, _ERROR if (error and not phase.complete) else _UNSET)
+        events = () if span.events is None else tuple(
+            self._event(name, attributes, call.epoch0) for name, attributes in span.events)
         self.emit(span.name, context, span.parent, SpanKind.CLIENT, span.attributes, call.epoch0,
-                  call.t_end + shift, _call_status(error))
+                  call.t_end + shift, _call_status(error), events)
 
 
 class ApiSpanSink:
@@ -114,6 +124,8 @@ class ApiSpanSink:
             live.end()
             return
         live.set_attributes(span.attributes)
+        for name, attributes in span.events or ():
+            live.add_event(name, attributes, timestamp=call.epoch0)
         context = trace.set_span_in_context(live)
         for phase, attributes in zip(phases, phase_attributes):
             child = self._tracer.start_span(

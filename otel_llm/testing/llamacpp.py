@@ -137,14 +137,15 @@ class LlamaServer:
 
     def __init__(self, slots: int = 1, context: int = 4096, threads: int | None = None,
                  extra_args: list[str] | None = None, startup_timeout: float = 120.0,
-                 cache_dir: Path = DEFAULT_CACHE) -> None:
+                 cache_dir: Path = DEFAULT_CACHE, port: int = 0) -> None:
         self.slots = slots
         self.context = context
         self.threads = threads
         self.extra_args = list(extra_args or [])
         self.startup_timeout = startup_timeout
         self.cache_dir = cache_dir
-        self.port = 0
+        self.port = port
+        self._fixed_port = port  # 0: a free port at each start
         self._proc: subprocess.Popen[str] | None = None
         self._log: deque[str] = deque(maxlen=200)
 
@@ -166,7 +167,7 @@ class LlamaServer:
         return args + self.extra_args
 
     def start(self) -> LlamaServer:
-        self.port = free_port()
+        self.port = self._fixed_port or free_port()
         command = self.command()
         self._proc = start_logged(command, self._log, "llama-server-log")
         try:
