@@ -395,3 +395,85 @@ def test_the_token_never_reaches_the_output_or_the_json(tmp_path: Path) -> None:
     assert level["failures"] == {"http_401": 2} and "bad key Bearer ***" in level["requests"][0]["detail"]
     for text in (done.stdout, done.stderr, (tmp_path / "bench.json").read_text(), (tmp_path / "traces.jsonl").read_text()):
         assert "sk-very-secret-1234" not in text
+
+
+class _ClosingServer:
+    """A raw HTTP/1.1 server that answers a request on a connection's first use with a complete
+    chunked SSE stream and keeps the connection open without ``Connection: close``, then closes
+    unanswered any later request on that connection (llama.cpp after each stream, with the race
+    that loses: the client reused the socket before the server's FIN reached it). ``always``:
+    every request is closed unanswered."""
+
+    def __init__(self, always: bool = False) -> None:
+        import socket
+        import threading
+
+        self.always = always
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.connections = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import threading
+
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    @staticmethod
+    def _read_request(conn) -> bool:  # type: ignore[no-untyped-def]
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = conn.recv(65536)
+            if not chunk:
+                return False
+            data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = int(next((line.split(b":")[1] for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length:")), b"0"))
+        while len(body) < length:
+            body += conn.recv(65536)
+        return True
+
+    def _serve(self, conn) -> None:  # type: ignore[no-untyped-def]
+        with conn:
+            if not self._read_request(conn) or self.always:
+                return
+            events = [{"choices": [{"index": 0, "delta": {"content": f"t{i}"}}]} for i in range(3)]
+            events.append({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3}})
+            body = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                         + f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n")
+            self._read_request(conn)  # the next request on this connection: closed unanswered
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_a_request_the_server_closed_unanswered_is_sent_once_more(traced: Otel) -> None:
+    server = _ClosingServer()
+    try:
+        workload = Workload(f"http://127.0.0.1:{server.port}", "openai", "m", prompt_tokens=4, output_tokens=3)  # type: ignore[arg-type]
+        summary = summarize(run_level(Level(concurrency=1, requests=4), workload))
+    finally:
+        server.close()
+    # each request after the first went out on the previous one's connection, was closed, and sent again
+    assert summary["completed"] == 4 and summary["failed"] == 0, summary["failures"]
+    assert summary["retries"] == 3 and server.connections == 4
+    assert summary["output_tokens"] == 12
+
+
+def test_a_server_that_never_answers_fails_after_one_retry(traced: Otel) -> None:
+    server = _ClosingServer(always=True)
+    try:
+        workload = Workload(f"http://127.0.0.1:{server.port}", "openai", "m", prompt_tokens=4, output_tokens=3)  # type: ignore[arg-type]
+        result = run_level(Level(concurrency=1, requests=2), workload)
+    finally:
+        server.close()
+    assert [(r.failure, r.retries) for r in result.records] == [("broken_stream", 1)] * 2
+    assert server.connections == 4

@@ -132,6 +132,9 @@ def warnings(s: dict[str, Any]) -> list[str]:
     if s["failures"]:
         kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(s["failures"].items()))
         out.append(f"{s['level']}: failures: {kinds}")
+    if s.get("retries"):
+        out.append(f"{s['level']}: {s['retries']} request(s) sent again after the server closed its kept-alive "
+                   "connection without answering (each figure is from its first send)")
     if s["unfinished"]:
         out.append(f"{s['level']}: {s['unfinished']} request(s) still running when the level was cut short")
     return out

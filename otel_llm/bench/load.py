@@ -63,6 +63,7 @@ class RequestRecord:
     failure: str | None = None  # None | http_<status> | timeout | broken_stream | unreachable | error
     detail: str | None = None
     trace_id: str | None = None
+    retries: int = 0  # sent again after the server closed its kept-alive connection unanswered
     native: dict[str, Any] = field(default_factory=dict)  # the runtime's own llm.runtime.* figures
 
     @property
@@ -177,15 +178,7 @@ async def _one(client: httpx.AsyncClient, workload: Workload, headers: Mapping[s
         start = time.perf_counter()
         record.sent = start - t0
         try:
-            async with client.stream("POST", url, json=payload, headers=dict(headers)) as response:
-                record.status = response.status_code
-                if response.status_code >= 400:
-                    body = await response.aread()
-                    record.failure = f"http_{response.status_code}"
-                    record.detail = " ".join(body.decode("utf-8", "replace").split())[:200]
-                else:
-                    async for data in response.aiter_raw():
-                        stream.feed(data, time.perf_counter())
+            await _send(client, url, payload, headers, record, stream)
         except httpx.TimeoutException as exc:
             record.failure, record.detail = "timeout", str(exc) or type(exc).__name__
         except httpx.ConnectError as exc:
@@ -197,6 +190,31 @@ async def _one(client: httpx.AsyncClient, workload: Workload, headers: Mapping[s
         end = time.perf_counter()
         record.ended = end - t0
     _finish(record, workload, stream, start)
+
+
+async def _send(client: httpx.AsyncClient, url: str, payload: Any, headers: Mapping[str, str],
+                record: RequestRecord, stream: _Stream) -> None:
+    """POST and read the stream. A kept-alive connection the server closed just as this request
+    went out on it fails before any response byte; that request is sent again once, on another
+    connection, and counted in ``record.retries``. llama.cpp closes the connection after every
+    streamed answer without saying so (no ``Connection: close``), so on a loaded machine the next
+    request of a closed loop sometimes reaches a socket already half closed."""
+    for attempt in range(2):
+        try:
+            async with client.stream("POST", url, json=payload, headers=dict(headers)) as response:
+                record.status = response.status_code
+                if response.status_code >= 400:
+                    body = await response.aread()
+                    record.failure = f"http_{response.status_code}"
+                    record.detail = " ".join(body.decode("utf-8", "replace").split())[:200]
+                else:
+                    async for data in response.aiter_raw():
+                        stream.feed(data, time.perf_counter())
+            return
+        except httpx.RemoteProtocolError:
+            if attempt or record.status is not None:
+                raise
+            record.retries += 1
 
 
 def _finish(record: RequestRecord, workload: Workload, stream: _Stream, start: float) -> None:
