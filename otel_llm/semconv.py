@@ -86,6 +86,7 @@ LLM_DIAGNOSIS_STREAM_BUFFERED = "llm.diagnosis.stream_buffered"
 LLM_DIAGNOSIS_CONCURRENT_REQUESTS = "llm.diagnosis.concurrent_requests"
 LLM_DIAGNOSIS_RETRY = "llm.diagnosis.retry"
 LLM_DIAGNOSIS_BOTTLENECK = "llm.diagnosis.bottleneck"
+LLM_DIAGNOSIS_CONTEXT_PRESSURE = "llm.diagnosis.context_pressure"  # the prompt fills over 80 % of the context
 
 # --- otel_llm: host and runtime evidence for the call's own time window -----------------------
 LLM_HOST_CPU_UTILIZATION = "llm.host.cpu.utilization"
@@ -253,3 +254,10 @@ LLM_REQUEST_LARGEST_MESSAGE_BYTES = "llm.request.largest_message.bytes"  # text 
 LLM_REQUEST_TOOLS = "llm.request.tools"  # tool/function definitions sent
 LLM_REQUEST_TOOLS_BYTES = "llm.request.tools.bytes"  # their compact JSON
 LLM_REQUEST_ATTACHMENTS = "llm.request.attachments"  # images, audio, files in the messages
+LLM_REQUEST_CONTEXT_PRESSURE = "llm.request.context_pressure"  # prompt tokens / llm.model.context_length
+
+# --- the served model, from the runtime's metadata route (observers.runtime_state.model_of) ------
+LLM_MODEL_CONTEXT_LENGTH = "llm.model.context_length"  # tokens one request may hold (llama.cpp: per slot)
+LLM_MODEL_NAME = "llm.model.name"  # the runtime's model file or name (/props model_path, /v1/models id)
+LLM_MODEL_QUANTIZATION = "llm.model.quantization"  # as the runtime names it (llama.cpp model_ftype)
+LLM_MODEL_SLOTS = "llm.model.slots"  # requests the runtime serves at once (llama.cpp total_slots)

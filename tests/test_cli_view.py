@@ -313,3 +313,16 @@ def test_a_collectors_otlp_json_file_reads_the_same(tmp_path: Path) -> None:
     (call,) = group_calls(read_jsonl(tmp_path / "collector.json"))
     (hop,) = call.relayed
     assert [s["name"] for s in hop.served] == ["llm_request"]
+
+
+def test_context_pressure_is_flagged_with_its_evidence(tmp_path: Path) -> None:
+    path = tmp_path / "traces.jsonl"
+    tracer = _tracer(path)
+    _record(tracer, "full", T0, 100, [], **{sc.LLM_REQUEST_CONTEXT_PRESSURE: 0.875, sc.LLM_MODEL_CONTEXT_LENGTH: 512,
+                                            sc.LLM_DIAGNOSIS_CONTEXT_PRESSURE: True})
+    _record(tracer, "roomy", T0 + 1000 * MS, 100, [], **{sc.LLM_REQUEST_CONTEXT_PRESSURE: 0.5,
+                                                          sc.LLM_MODEL_CONTEXT_LENGTH: 512,
+                                                          sc.LLM_DIAGNOSIS_CONTEXT_PRESSURE: False})
+    full, roomy = _blocks(render_calls(read_jsonl(path), WIDTH))
+    assert "context pressure: the prompt fills 88% of the 512-token context" in " ".join(full.split())
+    assert "context pressure" not in roomy

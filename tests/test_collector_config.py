@@ -107,7 +107,7 @@ DOUBLE_ATTRIBUTES = {
     value for const, value in vars(sc).items()
     if const.isupper() and isinstance(value, str) and not const.startswith(("METRIC_", "SPAN_"))
     and re.search(r"DURATION|TIME_TO_FIRST|_RATE$|GAP|UTILIZATION|QUEUE_WAIT|UNACCOUNTED_WAIT|"
-                  r"UPSTREAM_FIRST_BYTE|KV_CACHE_USAGE|TEMPERATURE|TOP_P", const)
+                  r"UPSTREAM_FIRST_BYTE|KV_CACHE_USAGE|TEMPERATURE|TOP_P|REQUEST_CONTEXT_PRESSURE", const)
 }
 # Unbounded values: never a metric dimension.
 HIGH_CARDINALITY = {sc.URL_FULL, sc.URL_PATH, sc.GEN_AI_RESPONSE_ID, sc.NETWORK_PEER_ADDRESS, sc.NETWORK_PEER_PORT,

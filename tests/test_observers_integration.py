@@ -147,3 +147,34 @@ def test_a_watched_server_is_recognized_before_any_call(server: LlamaServer, obs
         time.sleep(0.02)
     assert telemetry.observers.runtime_of("127.0.0.1", server.port) == "llama.cpp"
     assert observed.calls() == []
+
+
+def _ask(server: LlamaServer, words: int) -> None:
+    client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
+    client.chat.completions.create(model="gemma", max_tokens=2,
+                                   messages=[{"role": "user", "content": "word " * words}])
+
+
+def test_calls_carry_the_served_model_and_their_context_pressure(observed: Otel) -> None:
+    """llama.cpp's /props, read once by the observers after the first call: the next calls carry
+    its context per slot, model file and slots, and how much of that context their prompt took; a
+    prompt over 80 % of it is flagged."""
+    with LlamaServer(slots=1, context=256) as small:
+        _ask(small, 4)  # noted by the observers; /props is read at the next poll
+        deadline = time.monotonic() + 10
+        telemetry = otel_llm.instrumentor.current_telemetry()
+        assert telemetry is not None and telemetry.observers is not None
+        while not telemetry.observers.model_attributes("127.0.0.1", small.port) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        _ask(small, 8)
+        _ask(small, 215)
+    first, short, long = sorted(observed.calls(), key=lambda c: c.start_time)
+    assert sc.LLM_MODEL_CONTEXT_LENGTH not in first.attributes  # not read yet: nothing invented
+    for call in (short, long):
+        attrs = call.attributes
+        assert attrs[sc.LLM_MODEL_CONTEXT_LENGTH] == 256 and attrs[sc.LLM_MODEL_SLOTS] == 1
+        assert attrs[sc.LLM_MODEL_NAME].endswith(".gguf") and attrs[sc.LLM_MODEL_QUANTIZATION]
+        assert attrs[sc.LLM_REQUEST_CONTEXT_PRESSURE] == attrs[sc.GEN_AI_USAGE_INPUT_TOKENS] / 256
+    assert short.attributes[sc.GEN_AI_USAGE_INPUT_TOKENS] < 0.8 * 256 < long.attributes[sc.GEN_AI_USAGE_INPUT_TOKENS]
+    assert short.attributes[sc.LLM_DIAGNOSIS_CONTEXT_PRESSURE] is False
+    assert long.attributes[sc.LLM_DIAGNOSIS_CONTEXT_PRESSURE] is True

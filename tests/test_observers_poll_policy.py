@@ -150,7 +150,9 @@ def test_local_runtime_process_is_polled_as_what_it_is(llama_server_process: Oth
     observer.start()
     try:
         assert wait_for(lambda: len(llama_server_process.requests()) >= 3, timeout=10)
-        assert set(llama_server_process.requests()) == {"/metrics"}
+        # its /metrics at every poll, and its model metadata (/props) once
+        assert set(llama_server_process.requests()) == {"/metrics", "/props"}
+        assert llama_server_process.requests().count("/props") == 1
         state = observer.latest_state(LOOPBACK, llama_server_process.port)
         assert state["requests.running"] == 1
         llama_server_process.stop()

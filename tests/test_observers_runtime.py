@@ -3,6 +3,8 @@ served from a loopback HTTP server."""
 
 from __future__ import annotations
 
+import json
+
 import logging
 import socket
 import threading
@@ -182,7 +184,8 @@ def test_vllm_metrics_reemitted_and_normalized(rig: Rig, fake: FakeRuntime) -> N
     assert state["requests.running"] == 3 and state["requests.waiting"] == 3
     assert state["kv_cache.usage"] == 0.375
     assert isinstance(state["timestamp"], int) and 0 < time.perf_counter_ns() - state["timestamp"] < 5e9
-    assert fake.hits == {"/metrics": 1}  # a known runtime: only its own endpoint
+    # a known runtime: only its own endpoint, and its model metadata once
+    assert fake.hits == {"/metrics": 1, "/v1/models": 1}
 
 
 def test_real_vllm_metrics(rig: Rig, fake: FakeRuntime) -> None:
@@ -245,6 +248,33 @@ def test_sglang_metrics_and_runtime_inferred(rig: Rig, fake: FakeRuntime) -> Non
     assert rig.points("sglang.gen_throughput")[0][1]["model_name"] == "meta-llama/Llama-3.1-8B-Instruct"
     rig.observer.poll_once()
     assert fake.hits == {"/api/ps": 1, "/metrics": 2}
+
+
+def test_model_metadata_read_once_per_runtime_process(rig: Rig, fake: FakeRuntime) -> None:
+    """vLLM's /v1/models (max_model_len) is read after the first successful state poll, once."""
+    fake.serve("/metrics", _text("vllm_metrics.txt"))
+    fake.serve("/v1/models", json.dumps({"object": "list", "data": [
+        {"id": "tiny", "object": "model", "max_model_len": 512}]}), content_type="application/json")
+    rig.registry.note(LOOPBACK, fake.port, "vllm")
+    assert rig.observer.model_of(LOOPBACK, fake.port) is None
+    rig.observer.poll_once()
+    rig.later(60)
+    rig.observer.poll_once()
+    model = rig.observer.model_of(LOOPBACK, fake.port)
+    assert model is not None and (model.context_length, model.model) == (512, "tiny")
+    assert fake.hits == {"/metrics": 2, "/v1/models": 1}
+
+
+@pytest.mark.parametrize("body", ["not json", '{"data": [{"id": "a", "max_model_len": "NaN"}]}',
+                                  '{"data": [{"id": "a"}, {"id": "b", "max_model_len": 9}]}', "[]"])
+def test_odd_model_metadata_gives_none(rig: Rig, fake: FakeRuntime, body: str) -> None:
+    fake.serve("/metrics", _text("vllm_metrics.txt"))
+    fake.serve("/v1/models", body, content_type="application/json")
+    rig.registry.note(LOOPBACK, fake.port, "vllm")
+    rig.observer.poll_once()
+    model = rig.observer.model_of(LOOPBACK, fake.port)
+    assert model is None or model.context_length is None
+    assert rig.observer.latest_state(LOOPBACK, fake.port)["requests.running"] == 3  # the poll went on
 
 
 def test_runtime_recognized_from_its_metrics_for_the_calls(rig: Rig, fake: FakeRuntime) -> None:

@@ -209,6 +209,11 @@ def test_runtime_state_polled_from_vllm_metrics(vllm: VllmServer, traced: Otel) 
     (call,) = [c for c in traced.calls() if c.attributes.get(sc.GEN_AI_USAGE_OUTPUT_TOKENS) == 4]
     assert call.attributes[sc.LLM_RUNTIME_REQUESTS_RUNNING] == 1  # the runtime's state at its start
     assert call.attributes[sc.LLM_RUNTIME_REQUESTS_WAITING] == 0  # batched, not queued
+    # the model as vLLM's /v1/models lists it (--max-model-len 512, --served-model-name tiny)
+    assert call.attributes[sc.LLM_MODEL_CONTEXT_LENGTH] == 512 and call.attributes[sc.LLM_MODEL_NAME] == MODEL
+    prompt = call.attributes[sc.GEN_AI_USAGE_INPUT_TOKENS]
+    assert call.attributes[sc.LLM_REQUEST_CONTEXT_PRESSURE] == prompt / 512
+    assert call.attributes[sc.LLM_DIAGNOSIS_CONTEXT_PRESSURE] is False
 
 
 # --- otel-llm diagnose against the real vLLM ------------------------------------------------------

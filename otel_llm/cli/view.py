@@ -232,6 +232,10 @@ def _diagnosis(attrs: Mapping[str, Any]) -> list[str]:
                        (sc.LLM_DIAGNOSIS_RETRY, "retry")):
         if attrs.get(key) is True:
             parts.append(label)
+    pressure = finite_number(attrs.get(sc.LLM_REQUEST_CONTEXT_PRESSURE))
+    if attrs.get(sc.LLM_DIAGNOSIS_CONTEXT_PRESSURE) is True and pressure is not None:
+        parts.append(f"context pressure: the prompt fills {pressure:.0%} of the "
+                     f"{attrs.get(sc.LLM_MODEL_CONTEXT_LENGTH)}-token context")
     concurrent = attrs.get(sc.LLM_DIAGNOSIS_CONCURRENT_REQUESTS)
     if concurrent:
         parts.append(f"{concurrent} other call(s) in flight")

@@ -15,6 +15,13 @@ What is polled, by runtime:
   answering ``/api/ps`` with ``{"models": [...]}`` is treated as Ollama.
 * ``lmstudio``: nothing (it has neither endpoint).
 
+Model metadata. Once a server's runtime is known (llama.cpp, vLLM), its metadata route is read
+once per runtime process (``parse.runtimes.model_info``: llama.cpp ``GET /props``, vLLM
+``GET /v1/models``): the context length, model file or name, quantization and slots, which
+``model_of`` hands to each call (``llm.model.*`` and the call's context pressure). A route that
+fails is not asked again until another process listens there; it is asked only of a server whose
+state poll just succeeded.
+
 Prometheus re-emission. Parsed with ``prometheus_client.parser``. Every finite numeric sample is
 re-emitted as an observable instrument named after the *sample* with ``:`` replaced by ``.``
 (``llamacpp:requests_processing`` -> ``llamacpp.requests_processing``,
@@ -70,7 +77,7 @@ from otel_llm._log import logger
 from otel_llm.observers.activity import Activity
 from otel_llm.observers.poll_policy import PollPolicy
 from otel_llm.observers.registry import Server, ServerRegistry
-from otel_llm.parse.runtimes import OBSERVED
+from otel_llm.parse.runtimes import MODEL_RUNTIMES, OBSERVED, model_info
 from otel_llm.parse.runtimes import _common as rt
 
 from otel_llm.semconv import (  # noqa: F401 - names callers import from here too
@@ -129,6 +136,8 @@ class _State:
     retry_at: dict[str, float] = field(default_factory=dict)  # path -> monotonic time (inf: stopped)
     failures: dict[str, int] = field(default_factory=dict)  # path -> consecutive failures
     generation: int = 0  # the policy's generation of the server when last polled
+    model: rt.ModelInfo | None = None  # from the runtime's metadata route
+    model_read: tuple[int, str] | None = None  # (generation, runtime) it was read for
 
 
 class _NotItsFormat(Exception):
@@ -262,8 +271,10 @@ class RuntimeStateObserver:
         """A server the policy no longer allows (its runtime process went away) reports nothing
         stale; its endpoints keep their failure counts."""
         for key, state in list(self._states.items()):
-            if key not in polled and (state.series or state.normalized or state.models or state.latest):
+            if key not in polled and (state.series or state.normalized or state.models or state.latest
+                                      or state.model):
                 state.series, state.normalized, state.models, state.latest = {}, {}, (), {}
+                state.model, state.model_read = None, None
 
     def _poll_server(self, server: Server) -> None:
         key = (server.host, server.port)
@@ -283,6 +294,11 @@ class RuntimeStateObserver:
                 fresh.update(self._poll_ps(server, state))
             else:
                 fresh.update(self._poll_metrics(server, state))
+        # only from a server that answers the polls: one refusing them (a gateway's 401) or
+        # failing is asked nothing more
+        if fresh and state.runtime in MODEL_RUNTIMES and state.model_read != (generation, state.runtime):
+            state.model_read = (generation, state.runtime)
+            state.model = model_info(_MetadataRoutes(self, server, state), state.runtime, None, None)
         if fresh:
             base = {STATE_REQUESTS_RUNNING: None, STATE_REQUESTS_WAITING: None, STATE_KV_CACHE_USAGE: None}
             state.latest = {**base, **fresh, STATE_TIMESTAMP: time.perf_counter_ns()}
@@ -451,6 +467,12 @@ class RuntimeStateObserver:
                 yield Observation(max(0.0, model.expires_at - now), attrs)
 
     # -- per call -------------------------------------------------------------------------------
+    def model_of(self, host: str, port: int) -> rt.ModelInfo | None:
+        """What the runtime at host:port says about its model (``/props``, ``/v1/models``); None
+        until it was read, or where no route says. Reads memory only."""
+        state = self._states.get((host, port))
+        return state.model if state is not None else None
+
     def latest_state(self, host: str, port: int) -> dict[str, Any]:
         """The newest polled state of a server: ``requests.running``, ``requests.waiting``,
         ``kv_cache.usage`` (None when not reported), ``models.loaded`` (Ollama) and ``timestamp``
@@ -468,6 +490,26 @@ class RuntimeStateObserver:
 
 
 # --- pure helpers --------------------------------------------------------------------------------
+class _MetadataRoutes:
+    """``parse.runtimes.Routes`` over the poller's client: each route asked once, a failure
+    counted against that route like any poll's."""
+
+    def __init__(self, observer: RuntimeStateObserver, server: Server, state: _State) -> None:
+        self._observer, self._server, self._state = observer, server, state
+
+    def json(self, path: str) -> Any:
+        text = self.text(path)
+        try:
+            return json.loads(text) if text is not None else None
+        except ValueError:
+            self._observer._not_its_format(self._server, self._state, path, "not JSON")
+            return None
+
+    def text(self, path: str) -> str | None:
+        body = self._observer._fetch(self._server, self._state, path, "application/json")
+        return body.decode("utf-8", errors="replace") if body is not None else None
+
+
 def otel_name(prometheus_name: str) -> str | None:
     """``llamacpp:requests_processing`` -> ``llamacpp.requests_processing``; None if unusable."""
     name = prometheus_name.replace(":", ".").lstrip("_.")

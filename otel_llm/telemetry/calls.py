@@ -206,6 +206,7 @@ class Telemetry:
         synthesized = self._runtime_evidence(call, state, counters, phases, first_token, attrs)
         if self.observers is not None:
             attrs.update(self.observers.call_attributes(call.t0, call.t_end))
+            self._model(state, attrs)
         children = phases + synthesized
         self._spans.finish(call, span, error, children,
                            [_phase_attributes(call, p) for p in phases] + [_SYNTHESIZED] * len(synthesized))
@@ -214,6 +215,23 @@ class Telemetry:
                                 counters)
         except Exception:
             log_once("recording model-call metrics failed")
+
+    def _model(self, state: CallState, attrs: dict[str, Any]) -> None:
+        """The served model's llm.model.* attributes, and how much of its context the prompt took."""
+        assert self.observers is not None
+        try:
+            model = self.observers.model_attributes(*state.endpoint.server)
+        except Exception:
+            log_once("reading the runtime's model metadata failed")
+            return
+        if not model:
+            return
+        attrs.update(model)
+        pressure = diagnosis.context_pressure(attrs.get(sc.GEN_AI_USAGE_INPUT_TOKENS),
+                                              model.get(sc.LLM_MODEL_CONTEXT_LENGTH))
+        if pressure is not None:
+            attrs[sc.LLM_REQUEST_CONTEXT_PRESSURE] = pressure
+            attrs[sc.LLM_DIAGNOSIS_CONTEXT_PRESSURE] = pressure > diagnosis.CONTEXT_PRESSURE
 
     def _recognized(self, state: CallState) -> str | None:
         if self.observers is None:

@@ -146,3 +146,14 @@ def bottleneck(phases: list[Phase], unaccounted: float | None, counters: Runtime
     else:
         add("buffering" if held else "queue" if concurrent else ("prefill" if streaming else "decode"), waiting)
     return max(shares, key=shares.__getitem__) if shares else None
+
+
+CONTEXT_PRESSURE = 0.8  # a prompt filling more of the model's context than this is flagged
+
+
+def context_pressure(prompt_tokens: object, context_length: object) -> float | None:
+    """Prompt tokens over the context length the runtime reports; None unless both are known."""
+    if (isinstance(prompt_tokens, int) and not isinstance(prompt_tokens, bool) and prompt_tokens >= 0
+            and isinstance(context_length, int) and context_length > 0):
+        return prompt_tokens / context_length
+    return None

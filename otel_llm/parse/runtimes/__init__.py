@@ -25,7 +25,7 @@ from otel_llm.parse.runtimes._common import (
 
 __all__ = [
     "ADMIN_PATHS", "READY_PATHS", "HEADER_READERS", "KNOWN_RUNTIMES", "OBSERVED", "PROBES", "Proof", "RESPONSE_READERS", "Routes",
-    "SOURCES", "ModelInfo", "Observed", "RuntimeCounters", "model_info", "runtime_counters",
+    "MODEL_RUNTIMES", "SOURCES", "ModelInfo", "Observed", "RuntimeCounters", "model_info", "runtime_counters",
 ]
 
 _ADAPTERS: tuple[ModuleType, ...] = (ollama, llamacpp, vllm, tgi, sglang, lmstudio)
@@ -52,6 +52,9 @@ PROBES: tuple[Callable[[Routes], Proof | None], ...] = (
 _MODEL_INFO: dict[str | None, Callable[[Routes, str | None], ModelInfo | None]] = {
     llamacpp.NAME: llamacpp.model_info, vllm.NAME: vllm.model_info,
 }
+
+
+MODEL_RUNTIMES = frozenset(r for r in _MODEL_INFO if r is not None)  # runtimes with a metadata reader
 
 
 def model_info(routes: Routes, runtime: str | None, api: str | None, model: str | None) -> ModelInfo | None:
