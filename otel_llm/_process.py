@@ -23,15 +23,23 @@ def terminate(proc: subprocess.Popen[Any], grace: float) -> None:
         proc.wait()
 
 
-def start_logged(command: list[str], log: MutableSequence[str], name: str, **popen: Any) -> subprocess.Popen[str]:
+def start_logged(command: list[str], log: MutableSequence[str], name: str,
+                 echo: Callable[[str], None] | None = None, **popen: Any) -> subprocess.Popen[str]:
     """Start ``command`` with stdout and stderr merged; a daemon thread appends each line to
-    ``log`` (a bounded deque), so a failure can quote what the child said."""
+    ``log`` (a bounded deque), so a failure can quote what the child said, and hands it to
+    ``echo`` when given (a failing echo is dropped: the child must never block on its log)."""
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, text=True, **popen)
 
     def drain() -> None:
+        shown = echo
         for line in proc.stdout or ():
             log.append(line.rstrip())
+            if shown is not None:
+                try:
+                    shown(line)
+                except Exception:  # noqa: BLE001 - a closed terminal or pipe: keep draining
+                    shown = None
 
     threading.Thread(target=drain, name=name, daemon=True).start()
     return proc

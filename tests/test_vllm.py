@@ -448,18 +448,21 @@ def test_readme_serve_command_traces_into_phoenix(phoenix: PhoenixServer, tmp_pa
     proc = subprocess.Popen([sys.executable, *args, "--port", str(port)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=clean_env(), start_new_session=True)
     try:
-        lines = []
+        lines: list[str] = []
         assert proc.stdout is not None
         for line in proc.stdout:
             lines.append(line)
             if "ready in" in line:
                 break
         assert any(f"http://127.0.0.1:{port}/v1" in line for line in lines), "".join(lines[-20:])
+        assert any("Starting vLLM server" in line for line in lines)  # vLLM's own log, printed
+        # it goes on printing vLLM's log: read on, or vLLM would block on a full pipe
+        threading.Thread(target=lambda: lines.extend(proc.stdout or ()), daemon=True).start()
         trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
         answer = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=60,
                             headers={"traceparent": f"00-{trace_id}-{parent}-01"},
                             json={"model": MODEL, "prompt": "hi", "max_tokens": 3})
-        assert answer.status_code == 200
+        assert answer.status_code == 200, answer.text + "".join(lines[-60:])
         span = _vllm_spans(phoenix, [parent])[parent]
         assert span["context"]["trace_id"] == trace_id
     finally:

@@ -31,6 +31,7 @@ import subprocess
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 from otel_llm._process import private_venv, start_logged, wait_until_ok
@@ -100,7 +101,8 @@ class VllmServer:
                  otlp_traces_endpoint: str | None = None, service_name: str = "vllm",
                  model_name: str = "tiny", extra_args: list[str] | None = None, port: int = 0,
                  env: dict[str, str] | None = None, pin_frontend: bool = True,
-                 startup_timeout: float = 300.0, cache_dir: Path = DEFAULT_CACHE) -> None:
+                 startup_timeout: float = 300.0, cache_dir: Path = DEFAULT_CACHE,
+                 echo: Callable[[str], None] | None = None) -> None:
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
         self.kv_cache_gib = kv_cache_gib
@@ -113,6 +115,7 @@ class VllmServer:
         self.port = port
         self.startup_timeout = startup_timeout
         self.cache_dir = cache_dir
+        self.echo = echo  # gets each line vLLM logs (the serve command prints them)
         self.startup_seconds: float | None = None
         self.pinned: set[int] = set()  # the CPUs the frontend was pinned to (see _pin_frontend)
         self._proc: subprocess.Popen[str] | None = None
@@ -152,7 +155,8 @@ class VllmServer:
             command = self.command()  # installs and builds the model first if needed
             started = time.monotonic()
             self._log.clear()
-            self._proc = start_logged(command, self._log, "vllm-log", env=self._env(), start_new_session=True)
+            self._proc = start_logged(command, self._log, "vllm-log", self.echo, env=self._env(),
+                                      start_new_session=True)
             try:
                 wait_until_ok(f"{self.base_url}/health", self._proc, self.startup_timeout, 0.5,
                               lambda why: VllmError(f"vLLM {why}:\n{self.log_tail()}"))
@@ -249,9 +253,15 @@ def _signal_group(group: int, sig: int) -> bool:
         return False
 
 
+def _print_line(line: str) -> None:
+    sys.stdout.write(line)
+    sys.stdout.flush()
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m otel_llm.testing.vllm``: install if needed, then serve until interrupted; other
-    arguments go to vLLM's server as they are (``--no-enable-prefix-caching``...)."""
+    """``python -m otel_llm.testing.vllm``: install if needed, then serve until interrupted, vLLM's
+    own log printed as it comes; other arguments go to vLLM's server as they are
+    (``--no-enable-prefix-caching``...)."""
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("command", nargs="?", choices=["serve", "prepare"], default="serve")
     parser.add_argument("--port", type=int, default=8000)
@@ -263,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     with VllmServer(port=args.port, otlp_traces_endpoint=args.otlp, max_num_seqs=args.max_num_seqs,
-                    extra_args=extra) as vllm:
+                    extra_args=extra, echo=_print_line) as vllm:
         print(f"vLLM {VLLM_VERSION} ready in {vllm.startup_seconds:.0f} s: {vllm.base_url}/v1 "
               f"(model {vllm.model_name!r}); Ctrl-C stops it", flush=True)
         try:
