@@ -434,6 +434,9 @@ def test_readme_vllm_tracing_command_is_what_the_tests_run() -> None:
     assert env["OTEL_SERVICE_NAME"] == "vllm" and env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] == "http/protobuf"
 
 
+# two CI runs saw vLLM answer this test's one request with a 500 ("EngineCore encountered an
+# issue") that no run here reproduced; a failing run now quotes vLLM's log, and is run once more
+@pytest.mark.flaky(reruns=1)
 def test_readme_serve_command_traces_into_phoenix(phoenix: PhoenixServer, tmp_path: Path) -> None:
     """``python -m otel_llm.testing.vllm --otlp URL`` (a free port instead of 8000, this test's
     Phoenix instead of 6006): it serves, and a request's ``traceparent`` parents vLLM's span."""
