@@ -305,6 +305,28 @@ def test_verdicts_runtime_restarted() -> None:
     assert found[0].evidence["between"] == "after cold trials .. end" and found[0].evidence["failed_trials"] == 0
 
 
+def test_verdicts_context_pressure_from_the_runtimes_context_length() -> None:
+    from otel_llm.parse.runtimes import ModelInfo
+
+    llama = ModelInfo("/props", context_length=128, slots=4)
+    # 40 of 128 tokens: room to spare; 104 (81 %): flagged with the trial and the route it read
+    assert verdicts(result(warm=warm(input_tokens=40), model_info=llama))[0].code == "healthy"
+    found = verdicts(result(warm=warm(3, input_tokens=100) + [Trial(kind="warm", index=3, input_tokens=104,
+                                                                      ttft=0.05, total=0.2, client_rate=100.0)],
+                            model_info=llama))
+    assert [v.code for v in found] == ["context_pressure"]
+    evidence = found[0].evidence
+    assert evidence["input_tokens"] == 104 and evidence["trial"] == "warm #4" and evidence["share"] == 0.812
+    assert evidence["trials_over"] == 1 and evidence["source"] == "/props" and evidence["context_length"] == 128
+    assert "81% of the model's 128-token context" in found[0].summary and "-np" in found[0].remedy
+    # no context length read, or no usage in the answers: nothing to say
+    assert verdicts(result(warm=warm(input_tokens=120), model_info=ModelInfo("/v1/models")))[0].code == "healthy"
+    assert verdicts(result(warm=warm(), model_info=llama))[0].code == "healthy"
+    # another verdict comes first; the pressure is still reported
+    slow = verdicts(result(warm=warm(input_tokens=120, prompt_eval=0.9, ttft=1.0, total=1.2), model_info=llama))
+    assert [v.code for v in slow][-1] == "context_pressure" and len(slow) >= 2
+
+
 def test_verdicts_memory_pressure_from_vmstat_deltas() -> None:
     pages, faults = THRESHOLDS["swap_pages"], THRESHOLDS["major_faults"]
     found = verdicts(result(host_readings=[_host("start", swap_in=10, swap_out=20),

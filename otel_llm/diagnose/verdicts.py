@@ -2,7 +2,8 @@
 
 Codes (stable; scripts may rely on them): ``unreachable``, ``http_error``, ``auth_missing``,
 ``runtime_restarted``, ``memory_pressure``, ``cold_start``, ``prefill_bound``, ``decode_bound``,
-``queueing``, ``shared_compute``, ``buffering``, ``healthy``. The first verdict of the list is the
+``queueing``, ``shared_compute``, ``buffering``, ``network_path``, ``context_pressure``,
+``healthy``. The first verdict of the list is the
 primary one: a restart or memory pressure during the trials comes first, as it also bends every
 timing measured across it.
 """
@@ -14,13 +15,15 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from otel_llm.telemetry.diagnosis import CONTEXT_PRESSURE
+
 from .hoststate import HostReading
 from .trials import TargetResult, Trial
 
 __all__ = ["CODES", "THRESHOLDS", "Verdict", "median", "verdicts"]
 
 CODES = ("unreachable", "http_error", "auth_missing", "runtime_restarted", "memory_pressure", "cold_start",
-         "prefill_bound", "decode_bound", "queueing", "shared_compute", "buffering", "network_path", "healthy")
+         "prefill_bound", "decode_bound", "queueing", "shared_compute", "buffering", "network_path", "context_pressure", "healthy")
 
 THRESHOLDS = {
     # cold trial's ttft exceeds the warm median by this much (s) and by this factor
@@ -45,6 +48,8 @@ THRESHOLDS = {
     # pages is 4 MiB of 4 KiB pages, above the odd idle page a calm host swaps out now and then
     # and far below what a model whose working set does not fit moves in a few generations
     "swap_pages": 1024,
+    # a trial's prompt fills more than this share of the context length the runtime reports
+    "context_share": CONTEXT_PRESSURE,
     # major page faults on the host during the trials (the cold step excluded): a resident model
     # takes none; an mmap'd model (llama.cpp, Ollama) whose pages the kernel dropped for lack of
     # memory reads them back from disk, thousands per generation. A few hundred come from
@@ -304,6 +309,29 @@ def _memory_pressure(result: TargetResult) -> Verdict | None:
                    "smaller context; a model paged to swap or re-read from disk runs at disk speed")
 
 
+def _context_pressure(result: TargetResult) -> Verdict | None:
+    """A trial's prompt took most of the context the runtime reports (its metadata route)."""
+    info = result.model_info
+    context = info.context_length if info is not None else None
+    sized = [t for t in result.all_trials() if t.ok and t.input_tokens]
+    if not context or not sized:
+        return None
+    over = [t for t in sized if t.input_tokens / context > THRESHOLDS["context_share"]]  # type: ignore[operator]
+    if not over:
+        return None
+    worst = max(over, key=lambda t: t.input_tokens or 0)
+    share = (worst.input_tokens or 0) / context
+    evidence = {"context_length": context, "source": info.source if info else None,
+                "input_tokens": worst.input_tokens, "share": _r(share), "trial": f"{worst.kind} #{worst.index + 1}",
+                "trials_over": len(over), "trials_sized": len(sized), "threshold": THRESHOLDS["context_share"]}
+    return Verdict("context_pressure", f"the prompt of {worst.kind} trial #{worst.index + 1} filled {share:.0%} of the "
+                   f"model's {context}-token context ({len(over)} of {len(sized)} trials over "
+                   f"{THRESHOLDS['context_share']:.0%})", evidence,
+                   "give the model a larger context (llama.cpp divides -c among its -np slots; vLLM "
+                   "--max-model-len; Ollama num_ctx), or send less: history, documents and tool schemas resent "
+                   "on every turn grow the prompt until the runtime truncates or refuses it")
+
+
 def verdicts(result: TargetResult) -> list[Verdict]:
     """Verdicts for one target, the primary (most decisive) first; ``healthy`` when nothing is found."""
     failed = _reachability(result)
@@ -312,7 +340,7 @@ def verdicts(result: TargetResult) -> list[Verdict]:
     warm = result.ok_warm()
     found = [v for v in (_restarted(result), _memory_pressure(result), _cold(result, warm),
                          _queueing(result, warm), _buffering(warm), _prefill(warm), _decode(warm),
-                         _shared(result, warm)) if v is not None]
+                         _shared(result, warm), _context_pressure(result)) if v is not None]
     if found:
         return found
     ttft = median(t.ttft for t in warm)
