@@ -87,6 +87,7 @@ LLM_DIAGNOSIS_CONCURRENT_REQUESTS = "llm.diagnosis.concurrent_requests"
 LLM_DIAGNOSIS_RETRY = "llm.diagnosis.retry"
 LLM_DIAGNOSIS_BOTTLENECK = "llm.diagnosis.bottleneck"
 LLM_DIAGNOSIS_CONTEXT_PRESSURE = "llm.diagnosis.context_pressure"  # the prompt fills over 80 % of the context
+LLM_DIAGNOSIS_PARTIAL_OFFLOAD = "llm.diagnosis.partial_offload"  # part of the model in VRAM, the rest in RAM
 
 # --- otel_llm: host and runtime evidence for the call's own time window -----------------------
 LLM_HOST_CPU_UTILIZATION = "llm.host.cpu.utilization"
@@ -261,3 +262,5 @@ LLM_MODEL_CONTEXT_LENGTH = "llm.model.context_length"  # tokens one request may 
 LLM_MODEL_NAME = "llm.model.name"  # the runtime's model file or name (/props model_path, /v1/models id)
 LLM_MODEL_QUANTIZATION = "llm.model.quantization"  # as the runtime names it (llama.cpp model_ftype)
 LLM_MODEL_SLOTS = "llm.model.slots"  # requests the runtime serves at once (llama.cpp total_slots)
+LLM_MODEL_MEMORY_TOTAL = "llm.model.memory.total"  # bytes the loaded model takes (Ollama /api/ps size)
+LLM_MODEL_MEMORY_VRAM = "llm.model.memory.vram"  # of which in GPU memory (Ollama size_vram)

@@ -446,6 +446,34 @@ def test_deliberate_cold_trials_through_the_ollama_lifecycle_control(tmp_path: P
     assert cold["evidence"]["cold_trials"] == 2 and abs(cold["evidence"]["native_load_duration_s"] - 0.6) < 0.1
 
 
+def test_partial_offload_read_from_ollamas_ps_once_the_model_is_loaded(tmp_path: Path) -> None:
+    from otel_llm.sim import SimProcess
+
+    with SimProcess(runtime="ollama", vram_share=0.25, first_token_delay=0.01, token_interval=0.002, tokens=8) as sim:
+        code, data = diagnose(sim.base_url, tmp_path, "--api", "ollama")
+        sim.configure(vram_share=1.0)
+        _, whole = diagnose(sim.base_url, tmp_path, "--api", "ollama")
+    assert code == 0
+    target = data["targets"][0]
+    assert target["model"]["size"] == 2**30 and target["model"]["size_vram"] == 2**28  # the record keeps them
+    offload = next(v for v in target["verdicts"] if v["code"] == "partial_offload")
+    assert offload["evidence"]["vram_share"] == 0.25 and offload["evidence"]["source"] == "/api/ps"
+    assert "only 25% of the model" in offload["summary"] and "num_gpu" in offload["remedy"]
+    assert "partial_offload" not in codes(whole)  # all of it in VRAM
+
+
+def test_verdict_partial_offload_needs_both_sizes() -> None:
+    from otel_llm.parse.runtimes import ModelInfo
+
+    def found(info: ModelInfo) -> list[str]:
+        return [v.code for v in verdicts(result(model_info=info))]
+
+    assert found(ModelInfo("/api/ps", size=100, size_vram=60)) == ["partial_offload"]
+    assert found(ModelInfo("/api/ps", size=100, size_vram=100)) == ["healthy"]
+    assert found(ModelInfo("/api/ps", size=100, size_vram=0)) == ["healthy"]  # CPU only: not an offload
+    assert found(ModelInfo("/api/ps", size=100)) == ["healthy"]
+
+
 def test_api_is_detected_when_not_given(tmp_path: Path) -> None:
     from otel_llm.testing import LlamaServer
 

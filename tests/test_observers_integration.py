@@ -178,3 +178,42 @@ def test_calls_carry_the_served_model_and_their_context_pressure(observed: Otel)
     assert short.attributes[sc.GEN_AI_USAGE_INPUT_TOKENS] < 0.8 * 256 < long.attributes[sc.GEN_AI_USAGE_INPUT_TOKENS]
     assert short.attributes[sc.LLM_DIAGNOSIS_CONTEXT_PRESSURE] is False
     assert long.attributes[sc.LLM_DIAGNOSIS_CONTEXT_PRESSURE] is True
+
+
+def test_ollama_partial_offload_and_context_on_the_call(sim, tmp_path) -> None:
+    """Ollama's /api/ps (polled anyway) says what the model runs as: the simulator reports half of
+    it in VRAM. The next call through the real ollama client carries the sizes, the context
+    length and the partial offload, which otel-llm view prints."""
+    import ollama
+
+    from otel_llm.cli.view import render_calls
+    from otel_llm.export.jsonl import JsonLinesSpanExporter, read_jsonl
+    from tests.conftest import configure_sim
+
+    configure_sim(sim, runtime="ollama", vram_share=0.5, tokens=4, first_token_delay=0.0)
+    state = make_otel()
+    otel_llm.instrument(tracer_provider=state.tracer_provider, meter_provider=state.meter_provider,
+                        sample_interval=0.1, host_metrics=False, gpu_metrics=False,
+                        runtimes={sim.base_url: "ollama"})
+    try:
+        client = ollama.Client(host=sim.base_url)
+        client.chat(model="sim-model", messages=[{"role": "user", "content": "hi"}])  # loads it
+        telemetry = otel_llm.instrumentor.current_telemetry()
+        assert telemetry is not None and telemetry.observers is not None
+        deadline = time.monotonic() + 10
+        while not telemetry.observers.model_attributes("127.0.0.1", sim.port, "sim-model") \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+        client.chat(model="sim-model", messages=[{"role": "user", "content": "hi"}])
+    finally:
+        otel_llm.uninstrument()
+    call = sorted(state.calls(), key=lambda c: c.start_time)[-1]
+    attrs = call.attributes
+    assert attrs[sc.LLM_MODEL_MEMORY_TOTAL] == 2**30 and attrs[sc.LLM_MODEL_MEMORY_VRAM] == 2**29
+    assert attrs[sc.LLM_DIAGNOSIS_PARTIAL_OFFLOAD] is True
+    assert attrs[sc.LLM_MODEL_CONTEXT_LENGTH] == 4096 and attrs[sc.LLM_MODEL_QUANTIZATION] == "Q4_K_M"
+    assert attrs[sc.LLM_REQUEST_CONTEXT_PRESSURE] == attrs[sc.GEN_AI_USAGE_INPUT_TOKENS] / 4096
+    path = tmp_path / "traces.jsonl"
+    JsonLinesSpanExporter(path).export([call])
+    text = " ".join(render_calls(read_jsonl(path), 100).split())
+    assert "partial offload: 512.0 MiB of 1024.0 MiB in VRAM" in text

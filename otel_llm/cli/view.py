@@ -236,6 +236,10 @@ def _diagnosis(attrs: Mapping[str, Any]) -> list[str]:
     if attrs.get(sc.LLM_DIAGNOSIS_CONTEXT_PRESSURE) is True and pressure is not None:
         parts.append(f"context pressure: the prompt fills {pressure:.0%} of the "
                      f"{attrs.get(sc.LLM_MODEL_CONTEXT_LENGTH)}-token context")
+    if attrs.get(sc.LLM_DIAGNOSIS_PARTIAL_OFFLOAD) is True:
+        total, vram = attrs.get(sc.LLM_MODEL_MEMORY_TOTAL), attrs.get(sc.LLM_MODEL_MEMORY_VRAM)
+        parts.append(f"partial offload: {format_bytes(vram)} of {format_bytes(total)} in VRAM"
+                     if isinstance(total, int) and isinstance(vram, int) else "partial offload")
     concurrent = attrs.get(sc.LLM_DIAGNOSIS_CONCURRENT_REQUESTS)
     if concurrent:
         parts.append(f"{concurrent} other call(s) in flight")

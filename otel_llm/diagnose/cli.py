@@ -15,11 +15,12 @@ from typing import Any
 
 from otel_llm.cli._auth import add_auth_argument, read_auth
 from otel_llm.cli.view import format_bytes
+from otel_llm.parse.runtimes import ModelInfo, ollama
 
 from . import sweep
 from .authcheck import auth_check, auth_findings, auth_verdicts
 from .cold import ColdControl, cold_trials
-from .detect import Detection, detect, server_root
+from .detect import Detection, detect, loaded_model, server_root
 from .hoststate import read_host
 from .netpath import network_path_verdicts
 from .trials import APIS, TargetResult, TrialRunner, sweep_prompt
@@ -204,6 +205,12 @@ def _add_network_path(results: list[TargetResult], found: list[list[Verdict]], s
         say("")
 
 
+def _say_offload(info: ModelInfo | None, say: Callable[[str], None]) -> None:
+    if info is not None and info.size and info.size_vram is not None:
+        say(f"    model in memory: {info.size_vram / info.size:.0%} of {info.size / 2**30:.2f} GiB in VRAM "
+            f"({info.source})")
+
+
 def _diagnose(runner: TrialRunner, url: str, args: argparse.Namespace, settings: dict[str, int],
               auth_sent: bool, say: Callable[[str], None], detection: Detection) -> TargetResult:
     result = TargetResult(url=url, api=runner.api, model=args.model, auth_sent=auth_sent)
@@ -235,6 +242,10 @@ def _diagnose(runner: TrialRunner, url: str, args: argparse.Namespace, settings:
         trial = runner.one("warm", i)
         result.warm.append(trial)
         say("    " + report.trial_line(trial))
+    if result.runtime_name == ollama.NAME:  # /api/ps lists the model now that it is loaded
+        result.model_info = loaded_model(url, result.runtime_name, runner.api, args.model, runner.headers) \
+            or result.model_info
+        _say_offload(result.model_info, say)
     stats = report.phase_stats(result.ok_warm())
     say("    warm median: " + ", ".join(
         f"{label} {report._fmt(s['median'], unit)}" for (label, _a, unit), s in

@@ -119,6 +119,18 @@ def _detect(p: _Prober, model: str | None) -> Detection:
     return Detection()
 
 
+def loaded_model(base_url: str, runtime: str | None, api: str | None, model: str | None,
+                 headers: Mapping[str, str] | None = None, timeout: float = 3.0) -> ModelInfo | None:
+    """The metadata route read again, once the trials have loaded ``model`` (Ollama's /api/ps lists
+    only loaded models); None where it says nothing. Never raises for network errors."""
+    prober = _Prober(base_url, headers, timeout)
+    try:
+        with _suppressed():
+            return model_info(prober, runtime, api, model)
+    finally:
+        prober.client.close()
+
+
 def detect_api(base_url: str, headers: Mapping[str, str] | None = None, timeout: float = 3.0) -> str | None:
     """The request flavour for ``--api auto``: "ollama", "llamacpp", "openai", or None (unknown)."""
     return detect(base_url, headers, timeout).api

@@ -2,8 +2,8 @@
 
 Codes (stable; scripts may rely on them): ``unreachable``, ``http_error``, ``auth_missing``,
 ``runtime_restarted``, ``memory_pressure``, ``cold_start``, ``prefill_bound``, ``decode_bound``,
-``queueing``, ``shared_compute``, ``buffering``, ``network_path``, ``context_pressure``,
-``healthy``. The first verdict of the list is the
+``queueing``, ``shared_compute``, ``buffering``, ``network_path``, ``partial_offload``,
+``context_pressure``, ``healthy``. The first verdict of the list is the
 primary one: a restart or memory pressure during the trials comes first, as it also bends every
 timing measured across it.
 """
@@ -23,7 +23,8 @@ from .trials import TargetResult, Trial
 __all__ = ["CODES", "THRESHOLDS", "Verdict", "median", "verdicts"]
 
 CODES = ("unreachable", "http_error", "auth_missing", "runtime_restarted", "memory_pressure", "cold_start",
-         "prefill_bound", "decode_bound", "queueing", "shared_compute", "buffering", "network_path", "context_pressure", "healthy")
+         "prefill_bound", "decode_bound", "queueing", "shared_compute", "buffering", "network_path", "partial_offload", "context_pressure",
+         "healthy")
 
 THRESHOLDS = {
     # cold trial's ttft exceeds the warm median by this much (s) and by this factor
@@ -309,6 +310,22 @@ def _memory_pressure(result: TargetResult) -> Verdict | None:
                    "smaller context; a model paged to swap or re-read from disk runs at disk speed")
 
 
+def _partial_offload(result: TargetResult) -> Verdict | None:
+    """Ollama put only part of the model in VRAM (/api/ps size_vram < size): the layers left in
+    system RAM run on the CPU, and decode slows to its pace."""
+    info = result.model_info
+    if info is None or not info.partial_offload or not info.size or info.size_vram is None:
+        return None
+    share = info.size_vram / info.size
+    rate = median(t.client_rate for t in result.ok_warm())
+    evidence = {"size_bytes": info.size, "size_vram_bytes": info.size_vram, "vram_share": _r(share),
+                "source": info.source, "warm_median_rate_tps": _r(rate, 1)}
+    return Verdict("partial_offload", f"only {share:.0%} of the model ({info.size_vram / 2**30:.2f} of "
+                   f"{info.size / 2**30:.2f} GiB) is in VRAM; the rest runs from system RAM on the CPU", evidence,
+                   "free GPU memory (other models, processes), use a smaller or more quantized model or a "
+                   "smaller context (num_ctx), or set num_gpu to the layers that fit")
+
+
 def _context_pressure(result: TargetResult) -> Verdict | None:
     """A trial's prompt took most of the context the runtime reports (its metadata route)."""
     info = result.model_info
@@ -339,7 +356,8 @@ def verdicts(result: TargetResult) -> list[Verdict]:
         return [failed]
     warm = result.ok_warm()
     found = [v for v in (_restarted(result), _memory_pressure(result), _cold(result, warm),
-                         _queueing(result, warm), _buffering(warm), _prefill(warm), _decode(warm),
+                         _queueing(result, warm), _buffering(warm), _partial_offload(result), _prefill(warm),
+                         _decode(warm),
                          _shared(result, warm), _context_pressure(result)) if v is not None]
     if found:
         return found

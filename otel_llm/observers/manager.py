@@ -117,13 +117,16 @@ class Observers:
         Callers test ``pending_restarts`` first (empty: nothing to take)."""
         return self.pending_restarts.pop((host, port), None)
 
-    def model_attributes(self, host: str, port: int) -> dict[str, Any]:
-        """The ``llm.model.*`` attributes of the model the runtime at host:port reported serving."""
-        info = self.runtime_state.model_of(host, port) if self.runtime_state is not None else None
+    def model_attributes(self, host: str, port: int, model: str | None = None) -> dict[str, Any]:
+        """The ``llm.model.*`` attributes of the model the runtime at host:port reported serving
+        (``model``: the one the call asked for, where the runtime loads several)."""
+        info = self.runtime_state.model_of(host, port, model) if self.runtime_state is not None else None
         if info is None:
             return {}
         found = {sc.LLM_MODEL_CONTEXT_LENGTH: info.context_length, sc.LLM_MODEL_NAME: info.model,
-                 sc.LLM_MODEL_QUANTIZATION: info.quantization, sc.LLM_MODEL_SLOTS: info.slots}
+                 sc.LLM_MODEL_QUANTIZATION: info.quantization, sc.LLM_MODEL_SLOTS: info.slots,
+                 sc.LLM_MODEL_MEMORY_TOTAL: info.size, sc.LLM_MODEL_MEMORY_VRAM: info.size_vram,
+                 sc.LLM_DIAGNOSIS_PARTIAL_OFFLOAD: info.partial_offload}
         return {key: value for key, value in found.items() if value is not None}
 
     def runtime_of(self, host: str, port: int) -> str | None:

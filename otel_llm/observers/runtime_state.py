@@ -18,7 +18,8 @@ What is polled, by runtime:
 Model metadata. Once a server's runtime is known (llama.cpp, vLLM), its metadata route is read
 once per runtime process (``parse.runtimes.model_info``: llama.cpp ``GET /props``, vLLM
 ``GET /v1/models``): the context length, model file or name, quantization and slots, which
-``model_of`` hands to each call (``llm.model.*`` and the call's context pressure). A route that
+``model_of`` hands to each call (``llm.model.*`` and the call's context pressure); Ollama's comes
+with each ``/api/ps`` poll (context length, quantization, size and size in VRAM). A route that
 fails is not asked again until another process listens there; it is asked only of a server whose
 state poll just succeeded.
 
@@ -77,7 +78,7 @@ from otel_llm._log import logger
 from otel_llm.observers.activity import Activity
 from otel_llm.observers.poll_policy import PollPolicy
 from otel_llm.observers.registry import Server, ServerRegistry
-from otel_llm.parse.runtimes import MODEL_RUNTIMES, OBSERVED, model_info
+from otel_llm.parse.runtimes import MODEL_RUNTIMES, OBSERVED, model_info, ollama
 from otel_llm.parse.runtimes import _common as rt
 
 from otel_llm.semconv import (  # noqa: F401 - names callers import from here too
@@ -104,6 +105,8 @@ PATH_PS = "/api/ps"
 PATH_METRICS = "/metrics"
 _PATHS: dict[str | None, tuple[str, ...]] = {name: o.state_paths for name, o in OBSERVED.items()}
 _ABSENT_STATUS = frozenset({404, 405, 501})
+# runtimes whose model metadata is read once per process; Ollama's comes with every /api/ps poll
+_READ_ONCE = MODEL_RUNTIMES - {ollama.NAME}
 # The server refuses unauthenticated polls (e.g. behind `otel-llm gateway`): stop at once.
 _REFUSED_STATUS = frozenset({401, 403})
 MAX_FAILURES = 5  # consecutive failures of an endpoint before it is no longer polled
@@ -122,6 +125,7 @@ class _Model:
     size: int | None
     size_vram: int | None
     expires_at: float | None  # epoch seconds
+    info: rt.ModelInfo | None = None  # what the entry says of the model (context, quantization, sizes)
 
 
 @dataclass
@@ -296,7 +300,7 @@ class RuntimeStateObserver:
                 fresh.update(self._poll_metrics(server, state))
         # only from a server that answers the polls: one refusing them (a gateway's 401) or
         # failing is asked nothing more
-        if fresh and state.runtime in MODEL_RUNTIMES and state.model_read != (generation, state.runtime):
+        if fresh and state.runtime in _READ_ONCE and state.model_read != (generation, state.runtime):
             state.model_read = (generation, state.runtime)
             state.model = model_info(_MetadataRoutes(self, server, state), state.runtime, None, None)
         if fresh:
@@ -467,11 +471,16 @@ class RuntimeStateObserver:
                 yield Observation(max(0.0, model.expires_at - now), attrs)
 
     # -- per call -------------------------------------------------------------------------------
-    def model_of(self, host: str, port: int) -> rt.ModelInfo | None:
-        """What the runtime at host:port says about its model (``/props``, ``/v1/models``); None
-        until it was read, or where no route says. Reads memory only."""
+    def model_of(self, host: str, port: int, model: str | None = None) -> rt.ModelInfo | None:
+        """What the runtime at host:port says about its model (``/props``, ``/v1/models``; Ollama:
+        the loaded model ``model`` runs on, from the latest ``/api/ps``); None until it was read,
+        or where no route says. Reads memory only."""
         state = self._states.get((host, port))
-        return state.model if state is not None else None
+        if state is None:
+            return None
+        if state.model is not None or not state.models:
+            return state.model
+        return ollama.loaded_model([m.info for m in state.models if m.info is not None], model)
 
     def latest_state(self, host: str, port: int) -> dict[str, Any]:
         """The newest polled state of a server: ``requests.running``, ``requests.waiting``,
@@ -598,7 +607,7 @@ def _parse_ps(body: bytes) -> list[_Model]:
         name = entry.get("name") or entry.get("model")
         if isinstance(name, str):
             models.append(_Model(name, _int(entry.get("size")), _int(entry.get("size_vram")),
-                                 _epoch(entry.get("expires_at"))))
+                                 _epoch(entry.get("expires_at")), ollama.ps_model(entry)))
     return models
 
 

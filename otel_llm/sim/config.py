@@ -32,6 +32,8 @@ FIELD_HELP = {
     "runtime": "flavour of the OpenAI-compatible routes and of /generate: " + ", ".join(RUNTIMES),
     "model": "model name listed and used when a request names none",
     "cached_tokens": "prompt tokens reported as served from the prefix cache",
+    "vram_share": "share of the loaded model Ollama's /api/ps puts in VRAM (size_vram / size); below 1: a "
+                  "partial offload, the rest in system RAM",
     "compression": "Content-Encoding of generation answers when the client accepts it (each streamed "
                    "chunk flushed): " + ", ".join(COMPRESSIONS),
 }
@@ -62,6 +64,7 @@ class SimConfig:
     runtime: str = "vllm"
     model: str = "sim-model"
     cached_tokens: int = 0
+    vram_share: float = 1.0
     compression: str = "off"
 
     def __post_init__(self) -> None:
@@ -71,6 +74,8 @@ class SimConfig:
                 raise ValueError(f"{field.name} must be >= 0, got {value!r}")
         if self.runtime not in RUNTIMES:
             raise ValueError(f"runtime must be one of {RUNTIMES}, got {self.runtime!r}")
+        if not 0.0 <= self.vram_share <= 1.0:
+            raise ValueError(f"vram_share must be within 0..1, got {self.vram_share!r}")
         if self.concurrency not in CONCURRENCY_MODES:
             raise ValueError(f"concurrency must be one of {CONCURRENCY_MODES}, got {self.concurrency!r}")
         if self.compression not in COMPRESSIONS:

@@ -220,7 +220,7 @@ class Telemetry:
         """The served model's llm.model.* attributes, and how much of its context the prompt took."""
         assert self.observers is not None
         try:
-            model = self.observers.model_attributes(*state.endpoint.server)
+            model = self.observers.model_attributes(*state.endpoint.server, attrs.get(sc.GEN_AI_REQUEST_MODEL))
         except Exception:
             log_once("reading the runtime's model metadata failed")
             return

@@ -50,7 +50,7 @@ PROBES: tuple[Callable[[Routes], Proof | None], ...] = (
 # the model's metadata (context length...) by proven runtime; any other OpenAI-compatible server
 # is read as one
 _MODEL_INFO: dict[str | None, Callable[[Routes, str | None], ModelInfo | None]] = {
-    llamacpp.NAME: llamacpp.model_info, vllm.NAME: vllm.model_info,
+    llamacpp.NAME: llamacpp.model_info, vllm.NAME: vllm.model_info, ollama.NAME: ollama.model_info,
 }
 
 

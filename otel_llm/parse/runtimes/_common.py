@@ -70,6 +70,16 @@ class ModelInfo:
     model: str | None = None  # the model's name or path as the runtime gives it
     quantization: str | None = None
     slots: int | None = None  # requests it serves at once (llama.cpp's slots)
+    size: int | None = None  # bytes the loaded model takes (Ollama /api/ps size)
+    size_vram: int | None = None  # of which in GPU memory (Ollama size_vram): less = a partial offload
+
+    @property
+    def partial_offload(self) -> bool | None:
+        """Part of the model is in VRAM and the rest in system RAM; None when unknown (no size, or
+        nothing on a GPU at all: a CPU-only runtime is not an offload)."""
+        if self.size is None or self.size_vram is None or self.size == 0:
+            return None
+        return 0 < self.size_vram < self.size
 
 
 def positive_int(value: object) -> int | None:

@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from otel_llm.parse import _merge as m
 from otel_llm.parse._merge import ResponseInfo
 from otel_llm.parse.runtimes._common import (
-    Field, Observed, Proof, Routes, RuntimeCounters, as_dict, fill, map_reasons, native_of, ns, reasons_of,
-    tokens,
+    Field, ModelInfo, Observed, Proof, Routes, RuntimeCounters, as_dict, fill, map_reasons, native_of, ns,
+    positive_int, reasons_of, text_or_none, tokens,
 )
 
 NAME = "ollama"
@@ -80,3 +80,41 @@ def probe(routes: Routes) -> Proof | None:
     if root is not None and root.strip().startswith("Ollama is running"):
         return Proof("ollama", NAME)
     return None
+
+
+PS_PATH = "/api/ps"
+
+
+def _bytes(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def ps_model(entry: Mapping) -> ModelInfo | None:
+    """One entry of ``GET /api/ps`` (a loaded model): its name, context length, quantization
+    level, size and size in VRAM; None without a name."""
+    name = text_or_none(entry.get("name")) or text_or_none(entry.get("model"))
+    if name is None:
+        return None
+    details = entry.get("details")
+    quantization = text_or_none(details.get("quantization_level")) if isinstance(details, Mapping) else None
+    return ModelInfo(PS_PATH, positive_int(entry.get("context_length")), name, quantization, None,
+                     _bytes(entry.get("size")), _bytes(entry.get("size_vram")))
+
+
+def loaded_model(models: "list[ModelInfo] | tuple[ModelInfo, ...]", model: str | None) -> ModelInfo | None:
+    """The loaded model a request for ``model`` runs on: the same name, or ``model:latest`` (Ollama's
+    default tag); with no name asked, the only one loaded."""
+    if model:
+        wanted = (model, f"{model}:latest") if ":" not in model else (model,)
+        return next((m for m in models if m.model in wanted), None)
+    return models[0] if len(models) == 1 else None
+
+
+def model_info(routes: Routes, model: str | None) -> ModelInfo | None:
+    """``GET /api/ps``: the loaded model ``model`` runs on (None while it is not loaded)."""
+    data = routes.json(PS_PATH)
+    entries = data.get("models") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        return None
+    found = [info for info in (ps_model(e) for e in entries if isinstance(e, dict)) if info is not None]
+    return loaded_model(found, model)

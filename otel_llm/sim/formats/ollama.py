@@ -114,5 +114,6 @@ def tags(cfg: SimConfig) -> dict[str, Any]:
 def ps(cfg: SimConfig, loaded: bool) -> dict[str, Any]:
     if not loaded:
         return {"models": []}
-    running = {"expires_at": "2100-01-01T00:00:00Z", "size_vram": 1 << 30, "context_length": 4096}
+    running = {"expires_at": "2100-01-01T00:00:00Z", "size_vram": int(cfg.vram_share * (1 << 30)),
+               "context_length": 4096}
     return {"models": [{**_model_entry(cfg), **running}]}
