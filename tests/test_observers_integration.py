@@ -168,8 +168,7 @@ def test_calls_carry_the_served_model_and_their_context_pressure(observed: Otel)
             time.sleep(0.05)
         _ask(small, 8)
         _ask(small, 215)
-    first, short, long = sorted(observed.calls(), key=lambda c: c.start_time)
-    assert sc.LLM_MODEL_CONTEXT_LENGTH not in first.attributes  # not read yet: nothing invented
+    _first, short, long = sorted(observed.calls(), key=lambda c: c.start_time)  # the first may end before the read
     for call in (short, long):
         attrs = call.attributes
         assert attrs[sc.LLM_MODEL_CONTEXT_LENGTH] == 256 and attrs[sc.LLM_MODEL_SLOTS] == 1
@@ -217,3 +216,33 @@ def test_ollama_partial_offload_and_context_on_the_call(sim, tmp_path) -> None:
     JsonLinesSpanExporter(path).export([call])
     text = " ".join(render_calls(read_jsonl(path), 100).split())
     assert "partial offload: 512.0 MiB of 1024.0 MiB in VRAM" in text
+
+
+def test_lmstudio_models_listing_on_the_call(sim) -> None:
+    """LM Studio has no state route to poll: its /api/v0/models listing is read (until it lists a
+    loaded model) and the calls carry its context length and quantization."""
+    import httpx
+
+    from tests.conftest import configure_sim
+
+    configure_sim(sim, runtime="lmstudio", tokens=4, first_token_delay=0.0)
+    state = make_otel()
+    otel_llm.instrument(tracer_provider=state.tracer_provider, meter_provider=state.meter_provider,
+                        sample_interval=0.1, host_metrics=False, gpu_metrics=False,
+                        runtimes={sim.base_url: "lmstudio"})
+    body = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    try:
+        with httpx.Client(base_url=sim.base_url) as client:
+            client.post("/api/v0/chat/completions", json=body).raise_for_status()
+            telemetry = otel_llm.instrumentor.current_telemetry()
+            assert telemetry is not None and telemetry.observers is not None
+            deadline = time.monotonic() + 15
+            while not telemetry.observers.model_attributes("127.0.0.1", sim.port) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            client.post("/api/v0/chat/completions", json=body).raise_for_status()
+    finally:
+        otel_llm.uninstrument()
+    call = sorted(state.calls(), key=lambda c: c.start_time)[-1]
+    attrs = call.attributes
+    assert (attrs[sc.LLM_MODEL_CONTEXT_LENGTH], attrs[sc.LLM_MODEL_QUANTIZATION]) == (4096, "Q4_K_M")
+    assert attrs[sc.LLM_MODEL_NAME] == "sim-model" and sc.LLM_DIAGNOSIS_PARTIAL_OFFLOAD not in attrs

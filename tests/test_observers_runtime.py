@@ -516,10 +516,11 @@ def test_poll_all_polls_registered_servers_but_not_cloud_apis(fake: FakeRuntime)
     registry.note("api.example.com", 8000, None)
     registry.note("lmstudio.local", 1234, "lmstudio")
     observer.poll_once()
-    assert seen == []
+    assert seen == ["http://lmstudio.local:1234/api/v0/models"]  # no state route: its model listing only
+    seen.clear()
     registry.note("10.1.2.3", 8000, None)
     registry.note("ollama", 11434, None)
-    observer.poll_once()
+    observer.poll_once()  # the listing answered 404: backing off, not asked again yet
     assert sorted(seen) == sorted(["http://10.1.2.3:8000/api/ps", "http://10.1.2.3:8000/metrics",
                                    "http://ollama:11434/api/ps", "http://ollama:11434/metrics"])
     observer.stop()

@@ -15,13 +15,14 @@ What is polled, by runtime:
   answering ``/api/ps`` with ``{"models": [...]}`` is treated as Ollama.
 * ``lmstudio``: nothing (it has neither endpoint).
 
-Model metadata. Once a server's runtime is known (llama.cpp, vLLM), its metadata route is read
-once per runtime process (``parse.runtimes.model_info``: llama.cpp ``GET /props``, vLLM
-``GET /v1/models``): the context length, model file or name, quantization and slots, which
+Model metadata. Once a server's runtime is known (llama.cpp, vLLM, LM Studio), its metadata route
+is read once per runtime process (``parse.runtimes.model_info``: llama.cpp ``GET /props``, vLLM
+``GET /v1/models``, LM Studio ``GET /api/v0/models``): the context length, model file or name, quantization and slots, which
 ``model_of`` hands to each call (``llm.model.*`` and the call's context pressure); Ollama's comes
-with each ``/api/ps`` poll (context length, quantization, size and size in VRAM). A route that
-fails is not asked again until another process listens there; it is asked only of a server whose
-state poll just succeeded.
+with each ``/api/ps`` poll (context length, quantization, size and size in VRAM). The route is
+asked at polls until it names the model (LM Studio lists it once loaded), at most
+``MAX_FAILURES`` times per runtime process, and only of a server whose state poll just
+succeeded (or that has none).
 
 Prometheus re-emission. Parsed with ``prometheus_client.parser``. Every finite numeric sample is
 re-emitted as an observable instrument named after the *sample* with ``:`` replaced by ``.``
@@ -141,7 +142,7 @@ class _State:
     failures: dict[str, int] = field(default_factory=dict)  # path -> consecutive failures
     generation: int = 0  # the policy's generation of the server when last polled
     model: rt.ModelInfo | None = None  # from the runtime's metadata route
-    model_read: tuple[int, str] | None = None  # (generation, runtime) it was read for
+    model_read: tuple[tuple[int, str], int] | None = None  # ((generation, runtime), reads so far)
 
 
 class _NotItsFormat(Exception):
@@ -221,6 +222,8 @@ class RuntimeStateObserver:
             state = self._states.get((server.host, server.port))
             if state is None or state.generation != self.policy.generation(server.host, server.port):
                 return 0.0
+            if self._model_pending(state):
+                return 0.0  # its model metadata is still to be read (the wait is one interval at least)
             for path in _PATHS.get(server.runtime, (PATH_PS, PATH_METRICS)):
                 soonest = min(soonest, state.retry_at.get(path, 0.0) - now)
                 if soonest <= 0:
@@ -298,14 +301,33 @@ class RuntimeStateObserver:
                 fresh.update(self._poll_ps(server, state))
             else:
                 fresh.update(self._poll_metrics(server, state))
-        # only from a server that answers the polls: one refusing them (a gateway's 401) or
-        # failing is asked nothing more
-        if fresh and state.runtime in _READ_ONCE and state.model_read != (generation, state.runtime):
-            state.model_read = (generation, state.runtime)
-            state.model = model_info(_MetadataRoutes(self, server, state), state.runtime, None, None)
+        # only from a server that answers the polls (one refusing them, a gateway's 401, or
+        # failing is asked nothing more), or has none to answer (LM Studio)
+        answers = bool(fresh) or not _PATHS.get(state.runtime, True)
+        if answers and state.runtime in _READ_ONCE:
+            self._read_model(server, state, generation)
         if fresh:
             base = {STATE_REQUESTS_RUNNING: None, STATE_REQUESTS_WAITING: None, STATE_KV_CACHE_USAGE: None}
             state.latest = {**base, **fresh, STATE_TIMESTAMP: time.perf_counter_ns()}
+
+    @staticmethod
+    def _model_pending(state: _State) -> bool:
+        """A server that answers (or has no state route) whose model metadata is still unread."""
+        return (state.runtime in _READ_ONCE and state.model is None
+                and (state.model_read is None or state.model_read[1] < MAX_FAILURES)
+                and (bool(state.latest) or not _PATHS.get(state.runtime, True)))
+
+    def _read_model(self, server: Server, state: _State, generation: int) -> None:
+        """The metadata route, until it names the model (LM Studio lists it once it is loaded), at
+        most MAX_FAILURES times per runtime process; afresh when another process listens."""
+        key = (generation, state.runtime or "")
+        if state.model_read is None or state.model_read[0] != key:
+            state.model_read, state.model = (key, 0), None
+        tries = state.model_read[1]
+        if state.model is not None or tries >= MAX_FAILURES:
+            return
+        state.model_read = (key, tries + 1)
+        state.model = model_info(_MetadataRoutes(self, server, state), state.runtime, None, None)
 
     def _poll_ps(self, server: Server, state: _State) -> dict[str, Any]:
         body = self._fetch(server, state, PATH_PS, "application/json")
@@ -515,6 +537,8 @@ class _MetadataRoutes:
             return None
 
     def text(self, path: str) -> str | None:
+        if self._observer._clock() < self._state.retry_at.get(path, 0.0):
+            return None  # backing off after a failure, as any polled route
         body = self._observer._fetch(self._server, self._state, path, "application/json")
         return body.decode("utf-8", errors="replace") if body is not None else None
 

@@ -32,7 +32,7 @@ _HEALTHY = {"status": "ok"}
 
 _LISTINGS: dict[str, Callable[[SimState], Any]] = {
     "/v1/models": lambda state: openai.models(state.config),
-    "/api/v0/models": lambda state: openai.models(state.config),
+    "/api/v0/models": lambda state: lmstudio.models_v0(state.config.model, state.loaded),
     "/api/tags": lambda state: ollama.tags(state.config),
     "/api/ps": lambda state: ollama.ps(state.config, state.loaded),
     "/api/version": lambda state: {"version": ollama.VERSION},

@@ -51,6 +51,7 @@ PROBES: tuple[Callable[[Routes], Proof | None], ...] = (
 # is read as one
 _MODEL_INFO: dict[str | None, Callable[[Routes, str | None], ModelInfo | None]] = {
     llamacpp.NAME: llamacpp.model_info, vllm.NAME: vllm.model_info, ollama.NAME: ollama.model_info,
+    lmstudio.NAME: lmstudio.model_info,
 }
 
 

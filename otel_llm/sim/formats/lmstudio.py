@@ -7,10 +7,18 @@ from typing import Any
 from .base import Timeline, Wire, piece, sse
 from .openai import ChatWire, CompletionWire, ChunkWire
 
-__all__ = ["V0ChatWire", "V0CompletionWire", "V1ChatWire", "stats_v0"]
+__all__ = ["V0ChatWire", "V0CompletionWire", "V1ChatWire", "models_v0", "stats_v0"]
 
 _MODEL_INFO = {"arch": "sim", "quant": "Q4_K_M", "format": "gguf", "context_length": 4096}
 _RUNTIME = {"name": "llama.cpp-sim", "version": "1.0.0", "supported_formats": ["gguf"]}
+
+
+def models_v0(model: str, loaded: bool) -> dict[str, Any]:
+    """GET /api/v0/models: LM Studio's listing, with quantization, state and context length."""
+    entry = {"id": model, "object": "model", "type": "llm", "publisher": "otel-llm-sim", "arch": _MODEL_INFO["arch"],
+             "compatibility_type": _MODEL_INFO["format"], "quantization": _MODEL_INFO["quant"],
+             "state": "loaded" if loaded else "not-loaded", "max_context_length": _MODEL_INFO["context_length"]}
+    return {"object": "list", "data": [entry]}
 
 
 def _ttft(tl: Timeline) -> float:
