@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import statistics
 import socket
@@ -450,6 +451,7 @@ def test_partial_offload_read_from_ollamas_ps_once_the_model_is_loaded(tmp_path:
     from otel_llm.sim import SimProcess
 
     with SimProcess(runtime="ollama", vram_share=0.25, first_token_delay=0.01, token_interval=0.002, tokens=8) as sim:
+        pid = sim.pid
         code, data = diagnose(sim.base_url, tmp_path, "--api", "ollama")
         sim.configure(vram_share=1.0)
         _, whole = diagnose(sim.base_url, tmp_path, "--api", "ollama")
@@ -460,6 +462,10 @@ def test_partial_offload_read_from_ollamas_ps_once_the_model_is_loaded(tmp_path:
     assert offload["evidence"]["vram_share"] == 0.25 and offload["evidence"]["source"] == "/api/ps"
     assert "only 25% of the model" in offload["summary"] and "num_gpu" in offload["remedy"]
     assert "partial_offload" not in codes(whole)  # all of it in VRAM
+    memory = target["memory"]  # Ollama's size holds weights and KV cache: the estimate says so
+    assert memory["weights_bytes"] == 2**30 and memory["vram_bytes"] == 2**28 and "/api/ps" in memory["weights_source"]
+    assert memory["kv_cache_bytes"] is None and memory["kv_cache_source"]
+    assert memory["runtime_rss_bytes"] > 0 and memory["runtime_pids"] == [pid]
 
 
 def test_verdict_partial_offload_needs_both_sizes() -> None:
@@ -478,10 +484,15 @@ def test_api_is_detected_when_not_given(tmp_path: Path) -> None:
     from otel_llm.testing import LlamaServer
 
     with LlamaServer(slots=2) as server:
+        pid = server.pid
         record = tmp_path / "auto.json"
         assert run(parse_args([server.base_url, "--model", "gemma", "--quick", "--json", str(record)])) == 0
     target = json.loads(record.read_text())["targets"][0]
     assert target["api"] == "llamacpp" and target["runtime"]["name"] == "llama.cpp"
+    # the model file /props names, and llama-server's resident memory with the model mapped in
+    memory = target["memory"]
+    assert memory["weights_bytes"] == os.path.getsize(target["model"]["model"]) and memory["runtime_pids"] == [pid]
+    assert memory["runtime_rss_bytes"] > 0.5 * memory["weights_bytes"], memory
     # a healthy real server: no false alarm (two slots on two cores may honestly share compute).
     # On a machine busy enough that llama.cpp itself reports generating below the threshold,
     # decode_bound is the true finding, with the runtime's own rate as its evidence; the first

@@ -22,6 +22,7 @@ from .authcheck import auth_check, auth_findings, auth_verdicts
 from .cold import ColdControl, cold_trials
 from .detect import Detection, detect, loaded_model, server_root
 from .hoststate import read_host
+from .memory import MemoryEstimate, estimate
 from .netpath import network_path_verdicts
 from .trials import APIS, TargetResult, TrialRunner, sweep_prompt
 from .verdicts import EXPLAIN, Verdict, median, verdicts
@@ -211,6 +212,17 @@ def _say_offload(info: ModelInfo | None, say: Callable[[str], None]) -> None:
             f"({info.source})")
 
 
+def _say_memory(memory: MemoryEstimate, say: Callable[[str], None]) -> None:
+    parts = []
+    if memory.weights_bytes is not None:
+        parts.append(f"model {format_bytes(memory.weights_bytes)} ({memory.weights_source})")
+    if memory.runtime_rss_bytes is not None:
+        parts.append(f"runtime resident {format_bytes(memory.runtime_rss_bytes)} (pid "
+                     f"{', '.join(map(str, memory.runtime_pids))})")
+    if parts:
+        say("    memory: " + "; ".join(parts))
+
+
 def _diagnose(runner: TrialRunner, url: str, args: argparse.Namespace, settings: dict[str, int],
               auth_sent: bool, say: Callable[[str], None], detection: Detection) -> TargetResult:
     result = TargetResult(url=url, api=runner.api, model=args.model, auth_sent=auth_sent)
@@ -246,6 +258,9 @@ def _diagnose(runner: TrialRunner, url: str, args: argparse.Namespace, settings:
         result.model_info = loaded_model(url, result.runtime_name, runner.api, args.model, runner.headers) \
             or result.model_info
         _say_offload(result.model_info, say)
+    memory = estimate(result.model_info, url)
+    result.memory = memory.to_dict()
+    _say_memory(memory, say)
     stats = report.phase_stats(result.ok_warm())
     say("    warm median: " + ", ".join(
         f"{label} {report._fmt(s['median'], unit)}" for (label, _a, unit), s in

@@ -120,6 +120,7 @@ def json_record(config: dict[str, Any], results: Sequence[TargetResult],
                 "median_max_chunk_gap": median(t.max_chunk_gap for t in result.warm),
             },
             "host": [r.to_dict() for r in result.host_readings],
+            "memory": result.memory,
             "verdicts": [v.to_dict() for v in verdicts_],
             "primary": verdicts_[0].code if verdicts_ else None,
         })

@@ -89,6 +89,7 @@ class TargetResult:
     model_info: ModelInfo | None = None  # from the runtime's metadata route (context length...)
     # the runtime's PID and /proc/vmstat between the steps, oldest first (a server on this host only)
     host_readings: list[HostReading] = field(default_factory=list)
+    memory: dict[str, Any] | None = None  # diagnose.memory.estimate after the warm trials (MemoryEstimate)
 
     @property
     def cold(self) -> Trial | None:
