@@ -464,7 +464,9 @@ def test_partial_offload_read_from_ollamas_ps_once_the_model_is_loaded(tmp_path:
     assert "partial_offload" not in codes(whole)  # all of it in VRAM
     memory = target["memory"]  # Ollama's size holds weights and KV cache: the estimate says so
     assert memory["weights_bytes"] == 2**30 and memory["vram_bytes"] == 2**28 and "/api/ps" in memory["weights_source"]
-    assert memory["kv_cache_bytes"] is None and memory["kv_cache_source"]
+    # /api/show's shape: 16 layers x 8 KV heads x (64 + 64) wide x 2 bytes, over /api/ps's 4096 tokens
+    assert memory["kv_cache_bytes"] == 16 * 8 * 128 * 2 * 4096 and "/api/show" in memory["kv_cache_source"]
+    assert target["model"]["parameter_count"] == 10**9 and target["model"]["context_length"] == 4096
     assert memory["runtime_rss_bytes"] > 0 and memory["runtime_pids"] == [pid]
 
 

@@ -84,3 +84,24 @@ def test_truncated_final_line() -> None:
 def test_route_runtime_without_counters() -> None:
     """A caller that knows the runtime (route /api/chat) but got no final line."""
     expect(runtime_counters(ResponseInfo(runtime="ollama")), runtime="ollama")
+
+
+def test_show_gives_the_models_shape_and_odd_answers_give_none() -> None:
+    from otel_llm.parse.runtimes import ollama
+
+    gemma = {"details": {"quantization_level": "Q8_0"}, "model_info": {
+        "general.architecture": "gemma3", "general.parameter_count": 268_098_176, "gemma3.block_count": 18,
+        "gemma3.attention.head_count": 4, "gemma3.attention.head_count_kv": 1, "gemma3.embedding_length": 640,
+        "gemma3.attention.key_length": 256, "gemma3.attention.value_length": 256, "gemma3.context_length": 32768}}
+    info = ollama.show_model(gemma)
+    assert info is not None and info.source == "/api/show" and info.quantization == "Q8_0"
+    # key/value widths win over embedding_length / head_count (160 here)
+    assert info.kv_bytes_per_token == 18 * 1 * (256 + 256) * 2 and info.parameter_count == 268_098_176
+    assert info.context_length == 32768
+    for odd in (None, [], {"model_info": []}, {"model_info": {"general.architecture": 7}},
+                {"model_info": {"general.architecture": "llama", "llama.block_count": "16"}}):
+        shape = ollama.show_model(odd)
+        assert shape is None or shape.kv_bytes_per_token is None
+    no_heads = ollama.show_model({"model_info": {"general.architecture": "llama", "llama.block_count": 16,
+                                                 "llama.embedding_length": 2048, "llama.attention.head_count": 0}})
+    assert no_heads is not None and no_heads.kv_bytes_per_token is None

@@ -17,15 +17,16 @@ HTTP instrumentation is suppressed while probing, so probes leave no spans.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
-from otel_llm.parse.runtimes import PROBES, ModelInfo, model_info
+from otel_llm.parse.runtimes import PROBES, ModelInfo, model_info, ollama
 
-__all__ = ["Detection", "detect", "detect_api", "runtime_hint", "server_root"]
+__all__ = ["Detection", "detect", "detect_api", "loaded_model", "runtime_hint", "server_root"]
 
 _NO_ANSWER = object()
 
@@ -79,6 +80,17 @@ class _Prober:
         answer = self._answer(path)
         return answer[2] if answer is not None and answer[0] == 200 else None
 
+    def post_json(self, path: str, body: Mapping[str, Any]) -> Any:
+        """The JSON body of a 200 answer to ``POST path`` (a side-effect-free metadata route such as
+        Ollama's /api/show), else None."""
+        if self.unreachable:
+            return None
+        try:
+            response = self.client.post(self.base + path, json=dict(body))
+            return response.json() if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+
     def _answer(self, path: str) -> tuple[int, Any, str] | None:
         if path not in self.answers:
             self.answers[path] = self.get(path)
@@ -122,13 +134,26 @@ def _detect(p: _Prober, model: str | None) -> Detection:
 def loaded_model(base_url: str, runtime: str | None, api: str | None, model: str | None,
                  headers: Mapping[str, str] | None = None, timeout: float = 3.0) -> ModelInfo | None:
     """The metadata route read again, once the trials have loaded ``model`` (Ollama's /api/ps lists
-    only loaded models); None where it says nothing. Never raises for network errors."""
+    only loaded models), and for Ollama the model's shape from ``POST /api/show`` (parameters, KV
+    cache per token); None where nothing says. Never raises for network errors."""
     prober = _Prober(base_url, headers, timeout)
     try:
         with _suppressed():
-            return model_info(prober, runtime, api, model)
+            info = model_info(prober, runtime, api, model)
+            if runtime == ollama.NAME and model:
+                info = _with_shape(info, ollama.show_model(prober.post_json(ollama.SHOW_PATH, {"model": model})))
+            return info
     finally:
         prober.client.close()
+
+
+def _with_shape(info: ModelInfo | None, shape: ModelInfo | None) -> ModelInfo | None:
+    """The loaded model's figures, with the shape's where it has none of its own."""
+    if shape is None or info is None:
+        return info or shape
+    return dataclasses.replace(info, context_length=info.context_length or shape.context_length,
+                               quantization=info.quantization or shape.quantization,
+                               parameter_count=shape.parameter_count, kv_bytes_per_token=shape.kv_bytes_per_token)
 
 
 def detect_api(base_url: str, headers: Mapping[str, str] | None = None, timeout: float = 3.0) -> str | None:

@@ -4,8 +4,8 @@ The estimate is what the runtime itself says or what this host can read, never a
 model's name: the weights from the size the runtime reports (Ollama ``/api/ps`` ``size``, which
 also holds its KV cache and buffers) or from the model file the runtime names (llama.cpp
 ``/props`` ``model_path``, when the file is on this host); the KV cache only where the runtime
-gives its layers, heads and element size, which none of the metadata routes read here does, so
-it stays None with the reason. Beside it, the resident memory of the runtime's process tree (the
+gives its layers and heads (Ollama ``/api/show``, at f16, its default cache type) and the
+context length, else None with the reason. Beside it, the resident memory of the runtime's process tree (the
 process listening on the URL's port and its children, from /proc, as ``otel-llm bench`` reads
 it) and, where the runtime says, the share in VRAM.
 """
@@ -79,5 +79,16 @@ def estimate(info: ModelInfo | None, url: str) -> MemoryEstimate:
         rss, pids, runtime_source = _resident(url)
     except Exception as exc:  # noqa: BLE001 - /proc oddities give no figure, never an error
         rss, pids, runtime_source = None, (), f"reading the runtime's processes failed ({type(exc).__name__})"
-    return MemoryEstimate(weights, weights_source, None, "the runtime reports no layer, head or element sizes",
-                          info.size_vram if info is not None else None, rss, pids, runtime_source)
+    kv, kv_source = _kv_cache(info)
+    return MemoryEstimate(weights, weights_source, kv, kv_source, info.size_vram if info is not None else None,
+                          rss, pids, runtime_source)
+
+
+def _kv_cache(info: ModelInfo | None) -> tuple[int | None, str]:
+    if info is None or info.kv_bytes_per_token is None:
+        return None, "the runtime reports no layer, head or element sizes"
+    if not info.context_length:
+        return None, "the runtime reports no context length"
+    return (info.kv_bytes_per_token * info.context_length,
+            f"{info.kv_bytes_per_token} bytes per token (layers x KV heads x key and value width, f16, "
+            f"/api/show) x {info.context_length} tokens of context")

@@ -72,6 +72,8 @@ async def _route(state: SimState, request: Request, method: str, responder: Resp
         await responder.send(200, b"Ollama is running", "text/plain; charset=utf-8")
     elif method == "POST" and path.startswith("/sim/"):
         await _control(state, request, responder)
+    elif method == "POST" and path == "/api/show":
+        await responder.send_json(*ollama.show(state.config, request.json()))
     elif method == "POST" and path in _GENERATION:
         await _generation(state, request, responder)
     elif path in _GENERATION or path in _LISTINGS:

@@ -72,6 +72,8 @@ class ModelInfo:
     slots: int | None = None  # requests it serves at once (llama.cpp's slots)
     size: int | None = None  # bytes the loaded model takes (Ollama /api/ps size)
     size_vram: int | None = None  # of which in GPU memory (Ollama size_vram): less = a partial offload
+    parameter_count: int | None = None  # the model's parameters (Ollama /api/show general.parameter_count)
+    kv_bytes_per_token: int | None = None  # KV cache per context token at f16 (Ollama /api/show shape)
 
     @property
     def partial_offload(self) -> bool | None:

@@ -118,3 +118,37 @@ def model_info(routes: Routes, model: str | None) -> ModelInfo | None:
         return None
     found = [info for info in (ps_model(e) for e in entries if isinstance(e, dict)) if info is not None]
     return loaded_model(found, model)
+
+
+SHOW_PATH = "/api/show"  # POST {"model": name}: side-effect free, the model's file metadata
+_F16_BYTES = 2  # Ollama's default KV cache type (OLLAMA_KV_CACHE_TYPE=f16)
+
+
+def _shape_int(info: Mapping, arch: str, key: str) -> int | None:
+    value = info.get(f"{arch}.{key}")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def show_model(body: object) -> ModelInfo | None:
+    """``POST /api/show``'s answer: the parameter count, the trained context length, and the KV
+    cache per token from the layer count and KV heads (``<arch>.block_count``,
+    ``.attention.head_count_kv``, ``.attention.key_length``/``value_length`` or
+    ``embedding_length / head_count``) at f16; None when it is not one."""
+    if not isinstance(body, Mapping) or not isinstance(body.get("model_info"), Mapping):
+        return None
+    info = body["model_info"]
+    arch = info.get("general.architecture")
+    if not isinstance(arch, str) or not arch:
+        return None
+    details = body.get("details")
+    quantization = text_or_none(details.get("quantization_level")) if isinstance(details, Mapping) else None
+    layers, kv_heads = _shape_int(info, arch, "block_count"), _shape_int(info, arch, "attention.head_count_kv")
+    key, value = _shape_int(info, arch, "attention.key_length"), _shape_int(info, arch, "attention.value_length")
+    if key is None or value is None:
+        width, heads = _shape_int(info, arch, "embedding_length"), _shape_int(info, arch, "attention.head_count")
+        key = value = width // heads if width and heads else None
+    per_token = layers * kv_heads * (key + value) * _F16_BYTES if layers and kv_heads and key and value else None
+    count = info.get("general.parameter_count")
+    return ModelInfo(SHOW_PATH, _shape_int(info, arch, "context_length"), None, quantization,
+                     parameter_count=count if isinstance(count, int) and not isinstance(count, bool) and count > 0
+                     else None, kv_bytes_per_token=per_token)

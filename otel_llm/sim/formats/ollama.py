@@ -117,3 +117,18 @@ def ps(cfg: SimConfig, loaded: bool) -> dict[str, Any]:
     running = {"expires_at": "2100-01-01T00:00:00Z", "size_vram": int(cfg.vram_share * (1 << 30)),
                "context_length": 4096}
     return {"models": [{**_model_entry(cfg), **running}]}
+
+
+# the simulated model's file metadata, as /api/show gives it (a small Llama-shaped model)
+_SHAPE = {"general.architecture": "llama", "general.parameter_count": 1_000_000_000, "llama.block_count": 16,
+          "llama.attention.head_count": 32, "llama.attention.head_count_kv": 8, "llama.embedding_length": 2048,
+          "llama.context_length": 131072}
+
+
+def show(cfg: SimConfig, body: object) -> tuple[int, dict[str, Any]]:
+    """POST /api/show: the model's details and file metadata; 404 for another model."""
+    name = body.get("model") or body.get("name") if isinstance(body, dict) else None
+    if name not in (cfg.model, f"{cfg.model}:latest"):
+        return 404, {"error": f"model '{name}' not found"}
+    return 200, {"modelfile": "", "parameters": "num_ctx 4096", "template": "{{ .Prompt }}",
+                 "details": _DETAILS, "model_info": _SHAPE, "capabilities": ["completion"]}
