@@ -13,6 +13,7 @@ slows to one poll per 15 s, until the next call (see ``activity``).
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -21,7 +22,21 @@ from otel_llm._log import log_once
 from otel_llm.observers.activity import IDLE_AFTER, Activity
 from otel_llm.observers.poll_policy import POLL_LOCAL
 from otel_llm.observers.registry import ServerRegistry
+from otel_llm.parse.runtimes import ModelInfo
 from otel_llm.version import __version__
+
+
+_NO_ATTRIBUTES: dict[str, Any] = {}  # never mutated: callers only read what model_attributes returns
+
+
+@functools.lru_cache(maxsize=64)
+def _model_attributes(info: ModelInfo) -> dict[str, Any]:
+    """Built once per distinct model metadata (a frozen ModelInfo), not once per call."""
+    found = {sc.LLM_MODEL_CONTEXT_LENGTH: info.context_length, sc.LLM_MODEL_NAME: info.model,
+             sc.LLM_MODEL_QUANTIZATION: info.quantization, sc.LLM_MODEL_SLOTS: info.slots,
+             sc.LLM_MODEL_MEMORY_TOTAL: info.size, sc.LLM_MODEL_MEMORY_VRAM: info.size_vram,
+             sc.LLM_DIAGNOSIS_PARTIAL_OFFLOAD: info.partial_offload}
+    return {key: value for key, value in found.items() if value is not None}
 
 
 class Observers:
@@ -119,15 +134,10 @@ class Observers:
 
     def model_attributes(self, host: str, port: int, model: str | None = None) -> dict[str, Any]:
         """The ``llm.model.*`` attributes of the model the runtime at host:port reported serving
-        (``model``: the one the call asked for, where the runtime loads several)."""
+        (``model``: the one the call asked for, where the runtime loads several); the same
+        dictionary for the same metadata, to be read, never changed."""
         info = self.runtime_state.model_of(host, port, model) if self.runtime_state is not None else None
-        if info is None:
-            return {}
-        found = {sc.LLM_MODEL_CONTEXT_LENGTH: info.context_length, sc.LLM_MODEL_NAME: info.model,
-                 sc.LLM_MODEL_QUANTIZATION: info.quantization, sc.LLM_MODEL_SLOTS: info.slots,
-                 sc.LLM_MODEL_MEMORY_TOTAL: info.size, sc.LLM_MODEL_MEMORY_VRAM: info.size_vram,
-                 sc.LLM_DIAGNOSIS_PARTIAL_OFFLOAD: info.partial_offload}
-        return {key: value for key, value in found.items() if value is not None}
+        return _model_attributes(info) if info is not None else _NO_ATTRIBUTES
 
     def runtime_of(self, host: str, port: int) -> str | None:
         """The runtime the observers recognized at host:port (see ``RuntimeStateObserver.runtime_of``)."""
