@@ -182,7 +182,7 @@ def test_calls_carry_the_served_model_and_their_context_pressure(observed: Otel)
 def test_ollama_partial_offload_and_context_on_the_call(sim, tmp_path) -> None:
     """Ollama's /api/ps (polled anyway) says what the model runs as: the simulator reports half of
     it in VRAM. The next call through the real ollama client carries the sizes, the context
-    length and the partial offload, which otel-llm view prints."""
+    length, the parameter size, the expiry and the partial offload, which otel-llm view prints."""
     import ollama
 
     from otel_llm.cli.view import render_calls
@@ -211,6 +211,7 @@ def test_ollama_partial_offload_and_context_on_the_call(sim, tmp_path) -> None:
     assert attrs[sc.LLM_MODEL_MEMORY_TOTAL] == 2**30 and attrs[sc.LLM_MODEL_MEMORY_VRAM] == 2**29
     assert attrs[sc.LLM_DIAGNOSIS_PARTIAL_OFFLOAD] is True
     assert attrs[sc.LLM_MODEL_CONTEXT_LENGTH] == 4096 and attrs[sc.LLM_MODEL_QUANTIZATION] == "Q4_K_M"
+    assert attrs[sc.LLM_MODEL_PARAMETER_SIZE] == "1B" and attrs[sc.LLM_MODEL_EXPIRES_AT] == "2100-01-01T00:00:00Z"
     assert attrs[sc.LLM_REQUEST_CONTEXT_PRESSURE] == attrs[sc.GEN_AI_USAGE_INPUT_TOKENS] / 4096
     path = tmp_path / "traces.jsonl"
     JsonLinesSpanExporter(path).export([call])

@@ -6,7 +6,7 @@ import pytest
 
 from otel_llm.parse import routes as r
 from otel_llm.parse.response import ResponseInfo
-from otel_llm.parse.runtimes import runtime_counters
+from otel_llm.parse.runtimes import ollama, runtime_counters
 from tests.test_runtimes_common import expect, from_body, from_stream, stream, window
 
 RT = "ollama"
@@ -87,8 +87,6 @@ def test_route_runtime_without_counters() -> None:
 
 
 def test_show_gives_the_models_shape_and_odd_answers_give_none() -> None:
-    from otel_llm.parse.runtimes import ollama
-
     gemma = {"details": {"quantization_level": "Q8_0"}, "model_info": {
         "general.architecture": "gemma3", "general.parameter_count": 268_098_176, "gemma3.block_count": 18,
         "gemma3.attention.head_count": 4, "gemma3.attention.head_count_kv": 1, "gemma3.embedding_length": 640,
@@ -105,3 +103,17 @@ def test_show_gives_the_models_shape_and_odd_answers_give_none() -> None:
     no_heads = ollama.show_model({"model_info": {"general.architecture": "llama", "llama.block_count": 16,
                                                  "llama.embedding_length": 2048, "llama.attention.head_count": 0}})
     assert no_heads is not None and no_heads.kv_bytes_per_token is None
+
+
+def test_ps_entry_gives_sizes_parameter_size_and_expiry() -> None:
+    """An /api/ps entry as Ollama 0.x writes it; odd values are dropped one by one, not the entry."""
+    entry = {"name": "llama3.2:latest", "model": "llama3.2:latest", "size": 3_200_000_000,
+             "size_vram": 1_600_000_000, "expires_at": "2026-12-03T07:41:04.123456-07:00", "context_length": 8192,
+             "details": {"format": "gguf", "parameter_size": "3.2B", "quantization_level": "Q4_K_M"}}
+    info = ollama.ps_model(entry)
+    assert info is not None and info.model == "llama3.2:latest" and info.context_length == 8192
+    assert (info.parameter_size, info.quantization, info.expires_at) == ("3.2B", "Q4_K_M", entry["expires_at"])
+    assert info.partial_offload is True
+    odd = ollama.ps_model({"name": "m", "size": -1, "expires_at": 5, "details": ["3B"], "context_length": "8k"})
+    assert odd is not None and (odd.size, odd.expires_at, odd.parameter_size, odd.context_length) == (None,) * 4
+    assert ollama.ps_model({"size": 1}) is None

@@ -35,6 +35,7 @@ def _model_attributes(info: ModelInfo) -> dict[str, Any]:
     found = {sc.LLM_MODEL_CONTEXT_LENGTH: info.context_length, sc.LLM_MODEL_NAME: info.model,
              sc.LLM_MODEL_QUANTIZATION: info.quantization, sc.LLM_MODEL_SLOTS: info.slots,
              sc.LLM_MODEL_MEMORY_TOTAL: info.size, sc.LLM_MODEL_MEMORY_VRAM: info.size_vram,
+             sc.LLM_MODEL_PARAMETER_SIZE: info.parameter_size, sc.LLM_MODEL_EXPIRES_AT: info.expires_at,
              sc.LLM_DIAGNOSIS_PARTIAL_OFFLOAD: info.partial_offload}
     return {key: value for key, value in found.items() if value is not None}
 

@@ -74,6 +74,8 @@ class ModelInfo:
     size_vram: int | None = None  # of which in GPU memory (Ollama size_vram): less = a partial offload
     parameter_count: int | None = None  # the model's parameters (Ollama /api/show general.parameter_count)
     kv_bytes_per_token: int | None = None  # KV cache per context token at f16 (Ollama /api/show shape)
+    parameter_size: str | None = None  # as the runtime writes it (Ollama /api/ps details.parameter_size)
+    expires_at: str | None = None  # when an idle model is unloaded, as the runtime says (Ollama /api/ps)
 
     @property
     def partial_offload(self) -> bool | None:

@@ -91,14 +91,17 @@ def _bytes(value: object) -> int | None:
 
 def ps_model(entry: Mapping) -> ModelInfo | None:
     """One entry of ``GET /api/ps`` (a loaded model): its name, context length, quantization
-    level, size and size in VRAM; None without a name."""
+    level, parameter size, size, size in VRAM and expiry; None without a name."""
     name = text_or_none(entry.get("name")) or text_or_none(entry.get("model"))
     if name is None:
         return None
     details = entry.get("details")
-    quantization = text_or_none(details.get("quantization_level")) if isinstance(details, Mapping) else None
-    return ModelInfo(PS_PATH, positive_int(entry.get("context_length")), name, quantization, None,
-                     _bytes(entry.get("size")), _bytes(entry.get("size_vram")))
+    details = details if isinstance(details, Mapping) else {}
+    return ModelInfo(PS_PATH, positive_int(entry.get("context_length")), name,
+                     text_or_none(details.get("quantization_level")), None,
+                     _bytes(entry.get("size")), _bytes(entry.get("size_vram")),
+                     parameter_size=text_or_none(details.get("parameter_size")),
+                     expires_at=text_or_none(entry.get("expires_at")))
 
 
 def loaded_model(models: "list[ModelInfo] | tuple[ModelInfo, ...]", model: str | None) -> ModelInfo | None:
