@@ -92,12 +92,13 @@ def test_open_loop_arrivals_are_seeded_poisson() -> None:
 
 
 # --- against the simulator ------------------------------------------------------------------------
-def test_parallel_levels_match_the_injected_service_times(traced: Otel) -> None:
+@pytest.mark.parametrize("client", ["aiohttp", "httpx"])
+def test_parallel_levels_match_the_injected_service_times(traced: Otel, client: str) -> None:
     with SimProcess(first_token_delay=F, token_interval=INTERVAL, tokens=T) as sim:
         workload = _workload(sim)
-        run_level(Level(concurrency=1, requests=1), workload)
-        one = summarize(run_level(Level(concurrency=1, requests=4), workload))
-        four = summarize(run_level(Level(concurrency=4, requests=8), workload))
+        assert run_level(Level(concurrency=1, requests=1), workload, http_client=client).http_client == client
+        one = summarize(run_level(Level(concurrency=1, requests=4), workload, http_client=client))
+        four = summarize(run_level(Level(concurrency=4, requests=8), workload, http_client=client))
     for s in (one, four):
         assert s["completed"] == s["sent"] and not s["failures"], s
         assert F <= s["ttft"]["p50"] <= F + SLACK, s["ttft"]
@@ -160,21 +161,26 @@ def test_closed_loop_lag_is_the_generators_own_time_between_requests(traced: Ote
     assert percentile([r.lag for r in quick.records], 50) < percentile([r.lag for r in slowed.records[1:]], 50)
 
 
-def test_injected_failures_are_counted_by_kind(traced: Otel) -> None:
+@pytest.mark.parametrize("client", ["aiohttp", "httpx"])
+def test_injected_failures_are_counted_by_kind(traced: Otel, client: str) -> None:
     with SimProcess(first_token_delay=0.02, token_interval=0.005, tokens=10, error_status=503, fault_every=3) as sim:
-        errors = summarize(run_level(Level(concurrency=1, requests=9), _workload(sim)))
+        errors = summarize(run_level(Level(concurrency=1, requests=9), _workload(sim), http_client=client))
         sim.configure(error_status=None, abort_after_tokens=3, fault_every=2)
-        broken = summarize(run_level(Level(concurrency=1, requests=8), _workload(sim)))
+        broken = summarize(run_level(Level(concurrency=1, requests=8), _workload(sim), http_client=client))
         sim.configure(abort_after_tokens=None, first_token_delay=2.0)
-        slow = summarize(run_level(Level(concurrency=2, requests=2), _workload(sim, timeout=0.5)))
+        slow = summarize(run_level(Level(concurrency=2, requests=2), _workload(sim, timeout=0.5), http_client=client))
+        port = sim.port
+    gone = run_level(Level(concurrency=1, requests=1), _workload(sim), http_client=client)  # nothing listens now
     assert errors["failures"] == {"http_503": 3} and errors["completed"] == 6, errors
     assert broken["failures"] == {"broken_stream": 4} and broken["completed"] == 4, broken
     assert slow["failures"] == {"timeout": 2}, slow
+    assert [(r.failure, r.retries) for r in gone.records] == [("unreachable", 0)], (port, gone.records)
 
 
-def test_every_request_is_a_traced_model_call(traced: Otel) -> None:
+@pytest.mark.parametrize("client", ["aiohttp", "httpx"])
+def test_every_request_is_a_traced_model_call(traced: Otel, client: str) -> None:
     with SimProcess(first_token_delay=0.02, token_interval=0.005, tokens=6) as sim:
-        result = run_level(Level(concurrency=2, requests=4), _workload(sim))
+        result = run_level(Level(concurrency=2, requests=4), _workload(sim), http_client=client)
     calls = [s for s in traced.spans() if s.attributes and "gen_ai.operation.name" in s.attributes]
     assert len(calls) == 4
     assert {format(s.context.trace_id, "032x") for s in calls} == {r.trace_id for r in result.records}
@@ -201,6 +207,7 @@ def test_command_prints_the_table_and_writes_every_request(tmp_path: Path) -> No
     assert "highest load meeting the SLO (ttft <= 100 ms, tpot <= 50 ms, 90% of requests): concurrency 1" in out
     doc = json.loads((tmp_path / "bench.json").read_text())
     assert doc["configuration"]["output_tokens"] == 10 and doc["configuration"]["slo"] == {"ttft": 0.1, "tpot": 0.05}
+    assert doc["configuration"]["http_client"] == "aiohttp"  # the default where it is installed
     first, second = doc["levels"]
     assert first["meets_slo"] and not second["meets_slo"]
     assert len(first["requests"]) == 4 and all(r["output_tokens"] == 10 for r in first["requests"])
@@ -455,11 +462,12 @@ class _ClosingServer:
         self.sock.close()
 
 
-def test_a_request_the_server_closed_unanswered_is_sent_once_more(traced: Otel) -> None:
+@pytest.mark.parametrize("client", ["aiohttp", "httpx"])
+def test_a_request_the_server_closed_unanswered_is_sent_once_more(traced: Otel, client: str) -> None:
     server = _ClosingServer()
     try:
         workload = Workload(f"http://127.0.0.1:{server.port}", "openai", "m", prompt_tokens=4, output_tokens=3)  # type: ignore[arg-type]
-        summary = summarize(run_level(Level(concurrency=1, requests=4), workload))
+        summary = summarize(run_level(Level(concurrency=1, requests=4), workload, http_client=client))
     finally:
         server.close()
     # each request after the first went out on the previous one's connection, was closed, and sent again
@@ -468,11 +476,12 @@ def test_a_request_the_server_closed_unanswered_is_sent_once_more(traced: Otel) 
     assert summary["output_tokens"] == 12
 
 
-def test_a_server_that_never_answers_fails_after_one_retry(traced: Otel) -> None:
+@pytest.mark.parametrize("client", ["aiohttp", "httpx"])
+def test_a_server_that_never_answers_fails_after_one_retry(traced: Otel, client: str) -> None:
     server = _ClosingServer(always=True)
     try:
         workload = Workload(f"http://127.0.0.1:{server.port}", "openai", "m", prompt_tokens=4, output_tokens=3)  # type: ignore[arg-type]
-        result = run_level(Level(concurrency=1, requests=2), workload)
+        result = run_level(Level(concurrency=1, requests=2), workload, http_client=client)
     finally:
         server.close()
     assert [(r.failure, r.retries) for r in result.records] == [("broken_stream", 1)] * 2

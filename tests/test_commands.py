@@ -142,6 +142,19 @@ def test_breakdown_benchmark_runs_and_reports_each_part() -> None:
     assert re.findall(r"consumer doing (\d+) JSON parses per chunk: +-?[\d.]+ us", result.stdout) == ["0", "2"]
 
 
+def test_bench_clients_benchmark_prints_each_client_with_and_without_otel_llm() -> None:
+    """``python benchmarks/bench_clients.py``, shortened: the generator's CPU per stream through
+    aiohttp and httpx, each with otel_llm off and on (figures only: speed is not asserted)."""
+    assert "python benchmarks/bench_clients.py" in (ROOT / "README.md").read_text()
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_clients.py"), "--streams", "8",
+                             "--tokens", "16"], capture_output=True, text=True, timeout=300, env=ENV)
+    assert result.returncode == 0, result.stderr
+    rows = re.findall(r"^(aiohttp|httpx)\s+otel_llm (off|on)\s+client CPU per 16-token stream: ([\d.]+) ms$",
+                      result.stdout, re.M)
+    assert [(c, o) for c, o, _ in rows] == [("aiohttp", "off"), ("aiohttp", "on"), ("httpx", "off"), ("httpx", "on")]
+    assert all(float(ms) > 0 for _, _, ms in rows), result.stdout
+
+
 def test_observers_benchmark_runs_with_a_real_llama_server() -> None:
     """``python benchmarks/observers.py --llama``, shortened: warm costs, the runtime process
     found by its port, and the threads in place, calling and idle."""

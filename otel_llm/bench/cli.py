@@ -15,6 +15,7 @@ from otel_llm.bench.load import Level, LevelResult, run_level
 from otel_llm.bench.memory import MemoryWatch
 from otel_llm.bench.native import NativeCollector
 from otel_llm.bench.stats import knee, parse_slo, summarize
+from otel_llm.bench.transport import CLIENTS, resolve_client
 from otel_llm.bench.workload import APIS, Workload, prompt_with
 from otel_llm.cli._auth import Auth, add_auth_argument, read_auth
 
@@ -83,6 +84,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_auth_argument(parser)
     parser.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS",
                         help="per-request timeout (default 120)")
+    parser.add_argument("--http-client", choices=CLIENTS, default="auto",
+                        help="the client the load is sent with: aiohttp (auto, where installed: the cheaper one "
+                             "per stream, as vllm bench serve uses) or httpx")
 
 
 def _ms(value: float | None) -> str:
@@ -143,14 +147,16 @@ def warnings(s: dict[str, Any]) -> list[str]:
 CALIBRATION_WORDS = (16, 160)  # filler words of the two calibration requests
 
 
-def calibrate(workload: Workload, headers: dict[str, str], tracer: Any, seconds: float) -> tuple[Workload, str]:
+def calibrate(workload: Workload, headers: dict[str, str], tracer: Any, seconds: float,
+              http_client: str = "auto") -> tuple[Workload, str]:
     """Fit the runtime's tokens per filler word from two short unrecorded requests, so the
     prompt has about ``prompt_tokens`` tokens as the runtime counts them (chat template included).
     Without a prompt count from the runtime, the estimate stays (said so)."""
     counts = []
     for words in CALIBRATION_WORDS:
         probe = dataclasses.replace(workload, prompt=prompt_with(words), output_tokens=2, exact_output=False)
-        record = run_level(Level(concurrency=1, requests=1, seconds=seconds), probe, headers, tracer=tracer).records
+        record = run_level(Level(concurrency=1, requests=1, seconds=seconds), probe, headers, tracer=tracer,
+                           http_client=http_client).records
         counts.append(record[0].input_tokens if record else None)
     (n1, n2), (c1, c2) = CALIBRATION_WORDS, counts
     if c1 is None or c2 is None or c2 <= c1:
@@ -250,13 +256,15 @@ def _instrument(args: argparse.Namespace, auth: Auth, providers: Any, options: d
 
 def _prepare(args: argparse.Namespace, session: _Session, say: Callable[[str], None]) -> _Session:
     say(f"otel-llm bench {args.url} (api {session.workload.api}, runtime {session.runtime or 'not proven'}, model "
-        f"{args.model}): prompt ~{args.prompt_tokens} tokens, output {args.output_tokens} tokens, streamed")
+        f"{args.model}): prompt ~{args.prompt_tokens} tokens, output {args.output_tokens} tokens, streamed, "
+        f"sent with {resolve_client(args.http_client)}")
     say(f"runtime memory: {session.memory.describe()}")
-    workload, note = calibrate(session.workload, session.auth.headers, session.tracer, args.seconds)
+    workload, note = calibrate(session.workload, session.auth.headers, session.tracer, args.seconds,
+                               args.http_client)
     say(note)
     if args.warmup:
         run_level(Level(concurrency=1, requests=args.warmup, seconds=args.seconds), workload,
-                  session.auth.headers, tracer=session.tracer)
+                  session.auth.headers, tracer=session.tracer, http_client=args.http_client)
     return session._replace(workload=workload)
 
 
@@ -269,7 +277,8 @@ def _levels_run(args: argparse.Namespace, session: _Session, say: Callable[[str]
         session.memory.start()
         try:
             result = run_level(level, session.workload, session.auth.headers, seed=args.seed, tracer=session.tracer,
-                               progress=_progress(level.label, level.requests, sys.stderr))
+                               progress=_progress(level.label, level.requests, sys.stderr),
+                               http_client=args.http_client)
         finally:
             peak = session.memory.stop()
         result.memory = peak.to_dict()
@@ -331,6 +340,7 @@ def _document(args: argparse.Namespace, session: _Session, started: float, resul
             "max_concurrency": args.max_concurrency, "slo": args.slo, "slo_attainment": args.slo_attainment,
             "prompt_word_tokens": workload.word_tokens, "prompt_base_tokens": workload.base_tokens,
             "runtime_processes": session.memory.describe(),
+            "http_client": resolve_client(args.http_client),
             "definitions": "vllm bench serve: TTFT to the first content chunk, ITL every gap between content "
                            "chunks, TPOT = (E2EL - TTFT) / (output tokens - 1), goodput = requests/s meeting "
                            "every SLO",

@@ -1,8 +1,8 @@
 """The load core: streamed requests at a fixed concurrency (closed loop) or arrival rate (open loop,
 Poisson), each one timed as ``vllm bench serve`` times it and traced as any call of the process.
 
-One asyncio loop sends every request through one ``httpx.AsyncClient``, which
-otel_llm instruments like any application's: each request is a model call in the traces, under
+One asyncio loop sends every request through one HTTP client (aiohttp where installed, else
+httpx: ``transport``), which otel_llm instruments like any application's: each request is a model call in the traces, under
 an ``otel_llm.bench.request`` span whose trace id the record keeps. The generator watches itself:
 each request's lag (actual send time minus scheduled) and the process's CPU share are recorded, so
 a report can say when the load generator, not the server, was the limit.
@@ -13,18 +13,16 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import random
-import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
-import httpx
 from opentelemetry import trace
 
+from otel_llm.bench.transport import Transport, open_transport
 from otel_llm.bench.workload import Workload
 from otel_llm.parse.content import event_text
 from otel_llm.parse.routes import API_OPENAI_CHAT, API_OPENAI_COMPLETIONS
@@ -113,6 +111,7 @@ class LevelResult:
     interrupted: bool = False  # by Ctrl-C: no further level should run
     t0: float = 0.0
     memory: dict[str, Any] | None = None  # the server's peak memory meanwhile, where it was watched
+    http_client: str | None = None  # the client the requests went through (transport.CLIENTS)
 
 
 class _Stream:
@@ -167,54 +166,24 @@ class _Stream:
         return not (isinstance(delta, dict) and "role" in delta and not delta.get("content"))
 
 
-async def _one(client: httpx.AsyncClient, workload: Workload, headers: Mapping[str, str], record: RequestRecord,
+async def _one(client: Transport, workload: Workload, headers: Mapping[str, str], record: RequestRecord,
                t0: float, tracer: trace.Tracer, spec: RequestSpan) -> None:
     url, payload = workload.request()
     stream = _Stream(workload)
     attributes = {**spec.attributes, spec.index_key: record.index}
+    clock = time.perf_counter
+
+    def feed(data: bytes) -> None:
+        stream.feed(data, clock())
+
     with tracer.start_as_current_span(spec.name, attributes=attributes) as span:
         context = span.get_span_context()
         record.trace_id = format(context.trace_id, "032x") if context.is_valid else None
-        start = time.perf_counter()
+        start = clock()
         record.sent = start - t0
-        try:
-            await _send(client, url, payload, headers, record, stream)
-        except httpx.TimeoutException as exc:
-            record.failure, record.detail = "timeout", str(exc) or type(exc).__name__
-        except httpx.ConnectError as exc:
-            record.failure, record.detail = "unreachable", str(exc) or type(exc).__name__
-        except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
-            record.failure, record.detail = "broken_stream", f"{type(exc).__name__}: {exc}"
-        except httpx.HTTPError as exc:
-            record.failure, record.detail = "error", f"{type(exc).__name__}: {exc}"
-        end = time.perf_counter()
-        record.ended = end - t0
+        await client.send(url, payload, headers, record, feed)
+        record.ended = clock() - t0
     _finish(record, workload, stream, start)
-
-
-async def _send(client: httpx.AsyncClient, url: str, payload: Any, headers: Mapping[str, str],
-                record: RequestRecord, stream: _Stream) -> None:
-    """POST and read the stream. A kept-alive connection the server closed just as this request
-    went out on it fails before any response byte; that request is sent again once, on another
-    connection, and counted in ``record.retries``. llama.cpp closes the connection after every
-    streamed answer without saying so (no ``Connection: close``), so on a loaded machine the next
-    request of a closed loop sometimes reaches a socket already half closed."""
-    for attempt in range(2):
-        try:
-            async with client.stream("POST", url, json=payload, headers=dict(headers)) as response:
-                record.status = response.status_code
-                if response.status_code >= 400:
-                    body = await response.aread()
-                    record.failure = f"http_{response.status_code}"
-                    record.detail = " ".join(body.decode("utf-8", "replace").split())[:200]
-                else:
-                    async for data in response.aiter_raw():
-                        stream.feed(data, time.perf_counter())
-            return
-        except httpx.RemoteProtocolError:
-            if attempt or record.status is not None:
-                raise
-            record.retries += 1
 
 
 def _finish(record: RequestRecord, workload: Workload, stream: _Stream, start: float) -> None:
@@ -250,12 +219,12 @@ def _arrivals(level: Level, seed: int) -> list[float]:
 
 async def _run(result: LevelResult, workload: Workload, headers: Mapping[str, str], seed: int,
                stop: threading.Event, progress: Callable[[int], None], tracer: trace.Tracer,
-               spec: RequestSpan) -> None:
+               spec: RequestSpan, http_client: str) -> None:
     level = result.level
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    timeout = httpx.Timeout(workload.timeout, connect=10.0)
     done = 0
-    async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False, verify=tls_verify()) as client:
+    client = open_transport(http_client, workload.timeout)
+    result.http_client = client.name
+    try:
         t0 = result.t0 = time.perf_counter()
         deadline = t0 + level.seconds
 
@@ -273,6 +242,8 @@ async def _run(result: LevelResult, workload: Workload, headers: Mapping[str, st
         else:
             await _open(level, _arrivals(level, seed), run_one, t0, deadline, stop)
         result.stopped = stop.is_set() or time.perf_counter() > deadline
+    finally:
+        await client.close()
 
 
 async def _closed(level: Level, run_one: Callable[[int, float], Any], t0: float, deadline: float,
@@ -337,16 +308,6 @@ async def _cancel(tasks: list[asyncio.Future[None]]) -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def tls_verify() -> ssl.SSLContext | bool:
-    """The certificates to trust: ``SSL_CERT_FILE``/``SSL_CERT_DIR`` when set (a local CA), else
-    httpx's default. Proxy variables stay ignored (``trust_env=False``): a benchmark measures the
-    path to the server it names."""
-    cafile, capath = os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR")
-    if not cafile and not capath:
-        return True
-    return ssl.create_default_context(cafile=cafile or None, capath=capath or None)
-
-
 def _tracer() -> trace.Tracer:
     """otel_llm's own tracer while it is instrumented (the calls' providers), else the global one."""
     from otel_llm.instrumentor import current_telemetry
@@ -357,14 +318,16 @@ def _tracer() -> trace.Tracer:
 
 def run_level(level: Level, workload: Workload, headers: Mapping[str, str] | None = None, *, seed: int = 0,
               stop: threading.Event | None = None, progress: Callable[[int], None] = lambda done: None,
-              tracer: trace.Tracer | None = None, span: RequestSpan = RequestSpan()) -> LevelResult:
+              tracer: trace.Tracer | None = None, span: RequestSpan = RequestSpan(),
+              http_client: str = "auto") -> LevelResult:
     """Run one level on a fresh event loop until its requests are done, its time is up or ``stop``
-    is set. Ctrl-C ends it early too: what was measured is returned, ``interrupted`` set."""
+    is set. Ctrl-C ends it early too: what was measured is returned, ``interrupted`` set.
+    ``http_client``: "auto" (aiohttp where installed, else httpx), "aiohttp" or "httpx"."""
     result = LevelResult(level)
     cpu0, wall0 = time.process_time(), time.perf_counter()
     try:
         asyncio.run(_run(result, workload, headers or {}, seed, stop or threading.Event(), progress,
-                         tracer or _tracer(), span))
+                         tracer or _tracer(), span, http_client))
     except KeyboardInterrupt:
         result.stopped = result.interrupted = True
     wall = time.perf_counter() - wall0
