@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import ssl
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 __all__ = ["CLIENTS", "Transport", "open_transport", "resolve_client", "tls_verify"]
@@ -58,11 +58,21 @@ def _error_text(body: bytes) -> str:
     return " ".join(body.decode("utf-8", "replace").split())[:200]
 
 
-# A kept-alive connection the server closed just as a request went out on it fails before any
-# response byte; that request is sent again once, on another connection, and counted in
-# ``record.retries``. llama.cpp closes the connection after every streamed answer without saying
-# so (no ``Connection: close``), so on a loaded machine the next request of a closed loop
-# sometimes reaches a socket already half closed.
+async def _once_more(attempt: Callable[[], Awaitable[None]], record: _Record,
+                     closed: tuple[type[BaseException], ...], refused: type[BaseException] | None = None) -> None:
+    """``attempt()``, made once more (counted in ``record.retries``) when it failed with ``closed``
+    before any response: a kept-alive connection the server closed just as the request went out on
+    it. llama.cpp closes the connection after every streamed answer without saying so (no
+    ``Connection: close``), so on a loaded machine the next request of a closed loop sometimes
+    reaches a socket already half closed. A refused connection (``refused``) is not retried."""
+    for again in (False, True):
+        try:
+            await attempt()
+            return
+        except closed as exc:
+            if again or record.status is not None or (refused is not None and isinstance(exc, refused)):
+                raise
+            record.retries += 1
 
 
 class _Httpx:
@@ -90,21 +100,17 @@ class _Httpx:
             record.failure, record.detail = "error", f"{type(exc).__name__}: {exc}"
 
     async def _send(self, url: str, payload: Any, headers: Mapping[str, str], record: _Record, feed: Feed) -> None:
-        for attempt in range(2):
-            try:
-                async with self._client.stream("POST", url, json=payload, headers=dict(headers)) as response:
-                    record.status = response.status_code
-                    if response.status_code >= 400:
-                        record.failure = f"http_{response.status_code}"
-                        record.detail = _error_text(await response.aread())
-                    else:
-                        async for data in response.aiter_raw():
-                            feed(data)
-                return
-            except self._httpx.RemoteProtocolError:
-                if attempt or record.status is not None:
-                    raise
-                record.retries += 1
+        async def attempt() -> None:
+            async with self._client.stream("POST", url, json=payload, headers=dict(headers)) as response:
+                record.status = response.status_code
+                if response.status_code >= 400:
+                    record.failure = f"http_{response.status_code}"
+                    record.detail = _error_text(await response.aread())
+                else:
+                    async for data in response.aiter_raw():
+                        feed(data)
+
+        await _once_more(attempt, record, (self._httpx.RemoteProtocolError,))
 
     async def close(self) -> None:
         await self._client.aclose()
@@ -136,21 +142,19 @@ class _Aiohttp:
             record.failure, record.detail = "error", f"{type(exc).__name__}: {exc}"
 
     async def _send(self, url: str, payload: Any, headers: Mapping[str, str], record: _Record, feed: Feed) -> None:
-        for attempt in range(2):
-            try:
-                async with self._session.post(url, json=payload, headers=dict(headers)) as response:
-                    record.status = response.status
-                    if response.status >= 400:
-                        record.failure = f"http_{response.status}"
-                        record.detail = _error_text(await response.read())
-                    else:
-                        async for data in response.content.iter_any():
-                            feed(data)
-                return
-            except (self._aiohttp.ServerDisconnectedError, self._aiohttp.ClientOSError) as exc:
-                if attempt or record.status is not None or isinstance(exc, self._aiohttp.ClientConnectorError):
-                    raise
-                record.retries += 1
+        async def attempt() -> None:
+            async with self._session.post(url, json=payload, headers=dict(headers)) as response:
+                record.status = response.status
+                if response.status >= 400:
+                    record.failure = f"http_{response.status}"
+                    record.detail = _error_text(await response.read())
+                else:
+                    async for data in response.content.iter_any():
+                        feed(data)
+
+        aiohttp = self._aiohttp
+        await _once_more(attempt, record, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError),
+                         aiohttp.ClientConnectorError)
 
     async def close(self) -> None:
         await self._session.close()
