@@ -115,5 +115,10 @@ class StreamScanner:
         parts = tail.split(self.fmt.delimiter)
         if len(self._tail) >= TAIL_BYTES and len(parts) > 1:
             parts = parts[1:]  # the first part was cut mid-event
-        events = [p for p in parts if p.strip()]
-        return events[-_MAX_TAIL_EVENTS:]
+        events: list[bytes] = []
+        for part in reversed(parts):  # from the end: the tail holds hundreds of small events
+            if part.strip():
+                events.append(part)
+                if len(events) == _MAX_TAIL_EVENTS:
+                    break
+        return events[::-1]
