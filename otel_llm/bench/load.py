@@ -2,10 +2,11 @@
 Poisson), each one timed as ``vllm bench serve`` times it and traced as any call of the process.
 
 One asyncio loop sends every request through one HTTP client (aiohttp where installed, else
-httpx: ``transport``), which otel_llm instruments like any application's: each request is a model call in the traces, under
-an ``otel_llm.bench.request`` span whose trace id the record keeps. The generator watches itself:
-each request's lag (actual send time minus scheduled) and the process's CPU share are recorded, so
-a report can say when the load generator, not the server, was the limit.
+httpx: ``transport``), which otel_llm instruments like any application's: each request is a
+model call in the traces, under an ``otel_llm.bench.request`` span whose trace id the record
+keeps. The generator watches itself: each request's lag (actual send time minus scheduled) and
+the process's CPU share are recorded, so a report can say when the load generator, not the
+server, was the limit.
 """
 
 from __future__ import annotations
