@@ -4,8 +4,8 @@ Both are ordinary clients of the process, so otel_llm traces every request eithe
 the default because the load generator shares the machine with the server it measures: with
 otel_llm on, an aiohttp stream costs the generator about 0.6x the CPU of an httpx one (64-token
 streams from the simulator, 1.1 ms against 1.9 ms per stream), and ``vllm bench serve``, whose
-figures the bench's are compared with, sends with aiohttp too. A transport reads the stream and files each
-failure under its kind (timeout, unreachable, broken_stream, error, http_<status>).
+figures the bench's are compared with, sends with aiohttp too. A transport reads the stream and
+files each failure under its kind (timeout, unreachable, broken_stream, error, http_<status>).
 """
 
 from __future__ import annotations
