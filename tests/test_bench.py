@@ -486,3 +486,21 @@ def test_a_server_that_never_answers_fails_after_one_retry(traced: Otel, client:
         server.close()
     assert [(r.failure, r.retries) for r in result.records] == [("broken_stream", 1)] * 2
     assert server.connections == 4
+
+
+@pytest.mark.parametrize("client", ["aiohttp", "httpx"])
+def test_ctrl_c_inside_a_level_marks_it_interrupted_wherever_it_lands(traced: Otel, client: str) -> None:
+    """The level's own SIGINT handler records the interruption and cancels the level, whatever the
+    event loop runs when the signal comes; the process's handler is left as it was."""
+    import os
+    import threading
+
+    before = signal.getsignal(signal.SIGINT)
+    with SimProcess(first_token_delay=0.02, token_interval=0.01, tokens=10) as sim:
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+        stop = threading.Event()
+        result = run_level(Level(concurrency=2, requests=200), _workload(sim), stop=stop, http_client=client)
+    assert result.interrupted and result.stopped and stop.is_set()
+    done = [r for r in result.records if r.ok]
+    assert 0 < len(done) < 200, len(done)
+    assert signal.getsignal(signal.SIGINT) is before

@@ -15,6 +15,7 @@ import asyncio
 import json
 import math
 import random
+import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -223,6 +224,7 @@ async def _run(result: LevelResult, workload: Workload, headers: Mapping[str, st
                spec: RequestSpan, http_client: str) -> None:
     level = result.level
     done = 0
+    watching = _watch_ctrl_c(result, stop)
     client = open_transport(http_client, workload.timeout)
     result.http_client = client.name
     try:
@@ -245,6 +247,28 @@ async def _run(result: LevelResult, workload: Workload, headers: Mapping[str, st
         result.stopped = stop.is_set() or time.perf_counter() > deadline
     finally:
         await client.close()
+        if watching:
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGINT)
+
+
+def _watch_ctrl_c(result: LevelResult, stop: threading.Event) -> bool:
+    """Ctrl-C during the level marks it interrupted, sets ``stop`` and cancels the level, from the
+    event loop's own signal handler: whatever the loop is running when the signal comes, the
+    interruption is recorded (not left to where a KeyboardInterrupt would land). False where the
+    loop cannot take signals (not the main thread, or no signal support)."""
+    main = asyncio.current_task()
+
+    def interrupted() -> None:
+        result.interrupted = True
+        stop.set()
+        if main is not None:
+            main.cancel()
+
+    try:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGINT, interrupted)
+    except (NotImplementedError, RuntimeError, ValueError):
+        return False
+    return True
 
 
 async def _closed(level: Level, run_one: Callable[[int, float], Any], t0: float, deadline: float,
@@ -331,6 +355,10 @@ def run_level(level: Level, workload: Workload, headers: Mapping[str, str] | Non
                          tracer or _tracer(), span, http_client))
     except KeyboardInterrupt:
         result.stopped = result.interrupted = True
+    except asyncio.CancelledError:  # the level cancelled by its own Ctrl-C handler
+        if not result.interrupted:
+            raise
+    result.stopped = result.stopped or result.interrupted
     wall = time.perf_counter() - wall0
     result.cpu_share = (time.process_time() - cpu0) / wall if wall > 0 else 0.0
     result.records.sort(key=lambda r: r.index)
