@@ -443,8 +443,24 @@ def test_readme_vllm_tracing_command_is_what_the_tests_run() -> None:
     assert env["OTEL_SERVICE_NAME"] == "vllm" and env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] == "http/protobuf"
 
 
-# two CI runs saw vLLM answer this test's one request with a 500 ("EngineCore encountered an
-# issue") that no run here reproduced; a failing run now quotes vLLM's log, and is run once more
+def test_every_vllm_process_may_use_amx_tiles() -> None:
+    """On a CPU with AMX, a fresh process of the vLLM virtualenv already holds the permission to
+    use the tile registers (``_vllm_amx.py``): without it, vLLM's first AMX instruction is a SIGILL."""
+    import subprocess
+
+    from otel_llm.testing.vllm import vllm_python
+
+    if "amx_tile" not in Path("/proc/cpuinfo").read_text():
+        pytest.skip("this CPU has no AMX")
+    script = ("import ctypes; mask = ctypes.c_ulong(); "
+              "ctypes.CDLL(None).syscall(158, 0x1022, ctypes.byref(mask)); print(mask.value)")  # ARCH_GET_XCOMP_PERM
+    granted = int(subprocess.run([str(vllm_python()), "-c", script], capture_output=True, text=True,
+                                 check=True, env=clean_env()).stdout)
+    assert granted >> 18 & 1, f"XTILEDATA not granted: {granted:#x}"
+
+
+# the one request is a one-token prompt, the first the server gets: on an AMX machine that
+# killed vLLM's worker (SIGILL, a 500) until the virtualenv asked for AMX first (_vllm_amx.py)
 @pytest.mark.flaky(reruns=1)
 def test_readme_serve_command_traces_into_phoenix(phoenix: PhoenixServer, tmp_path: Path) -> None:
     """``python -m otel_llm.testing.vllm --otlp URL`` (a free port instead of 8000, this test's

@@ -18,7 +18,9 @@ Start-up takes 40-95 s (``--enforce-eager`` always: no graph compilation), memor
 with the default 1 GiB KV cache. The server runs in its own process group (API server, engine
 core and worker), and ``stop()`` ends the whole group. Once it is up, the API server is pinned
 to the cores the worker's compute threads leave free and the engine core beside the worker
-(``pin_frontend``; see ``_pin_frontend`` for why).
+(``pin_frontend``; see ``_pin_frontend`` for why). Every process of the virtualenv asks Linux for
+the AMX tile state first (``_vllm_amx.py``: without it, a one-token first request killed vLLM's
+worker on an AMX machine).
 """
 
 from __future__ import annotations
@@ -62,9 +64,27 @@ def _clean_env(**extra: str) -> dict[str, str]:
 
 def vllm_python(cache_dir: Path = DEFAULT_CACHE) -> Path:
     """The interpreter of the private vLLM virtualenv, installed on first use."""
-    return private_venv(venv_path(cache_dir), "python", VLLM_PACKAGE, _install_steps,
-                        _clean_env(PIP_DISABLE_PIP_VERSION_CHECK="1"),
-                        lambda why: VllmError(f"installing {VLLM_PACKAGE} {why}"), "about 3 minutes, once")
+    python = private_venv(venv_path(cache_dir), "python", VLLM_PACKAGE, _install_steps,
+                          _clean_env(PIP_DISABLE_PIP_VERSION_CHECK="1"),
+                          lambda why: VllmError(f"installing {VLLM_PACKAGE} {why}"), "about 3 minutes, once")
+    _add_amx_hook(venv_path(cache_dir))
+    return python
+
+
+_AMX_HOOK = Path(__file__).with_name("_vllm_amx.py")
+
+
+def _add_amx_hook(venv: Path) -> None:
+    """Make every process of the virtualenv ask for the AMX tile state first (``_vllm_amx.py``
+    says why); checked on each use, so a virtualenv installed before the hook existed gets it."""
+    wanted = {"_otel_llm_vllm_amx.py": _AMX_HOOK.read_text(), "_otel_llm_vllm_amx.pth": "import _otel_llm_vllm_amx\n"}
+    for site in venv.glob("lib/python*/site-packages"):
+        for name, text in wanted.items():
+            path = site / name
+            if not path.is_file() or path.read_text() != text:
+                partial = path.with_name(f".{name}.{os.getpid()}")
+                partial.write_text(text)
+                os.replace(partial, path)  # a vLLM process starting meanwhile never reads half a file
 
 
 def _install_steps(python: str) -> list[list[str]]:
