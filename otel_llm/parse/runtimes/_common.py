@@ -20,6 +20,7 @@ log = logging.getLogger("otel_llm.parse.runtimes")
 MAX_SECONDS = 1e7          # ~116 days: anything longer is garbage
 MAX_TOKENS = 10**9
 MAX_RATE = 1e9             # tokens per second
+_MAX_MS = MAX_SECONDS * 1e3
 _MAX_NUMBER_CHARS = 40
 MISSING: Any = object()    # a key that is absent (not logged) as opposed to null (logged)
 
@@ -208,6 +209,9 @@ def _non_negative(name: str, v: object) -> int | float | None:
 
 def seconds(name: str, v: object, per_second: float = 1.0) -> float | None:
     """A duration in seconds from a value counted in 1/per_second units (1e9 for ns)."""
+    cls = v.__class__  # a plain JSON number in range first: every llama.cpp answer carries several
+    if (cls is float or cls is int) and 0 <= v <= MAX_SECONDS * per_second:  # type: ignore[operator]
+        return float(v / per_second)  # type: ignore[operator]
     n = _non_negative(name, v)
     if n is None:
         return None
@@ -219,6 +223,8 @@ def seconds(name: str, v: object, per_second: float = 1.0) -> float | None:
 
 def tokens(name: str, v: object) -> int | None:
     """A whole, plausible token count."""
+    if v.__class__ is int and 0 <= v <= MAX_TOKENS:  # type: ignore[operator]
+        return v  # type: ignore[return-value]
     n = _non_negative(name, v)
     if n is None:
         return None
@@ -231,6 +237,9 @@ def tokens(name: str, v: object) -> int | None:
 
 def rate(name: str, v: object) -> float | None:
     """A plausible tokens-per-second rate."""
+    cls = v.__class__
+    if (cls is float or cls is int) and 0 <= v <= MAX_RATE:  # type: ignore[operator]
+        return float(v)  # type: ignore[arg-type]
     n = _non_negative(name, v)
     if n is None:
         return None
@@ -241,6 +250,9 @@ def rate(name: str, v: object) -> float | None:
 
 def ms(name: str, v: object) -> float | None:
     """Milliseconds to seconds."""
+    cls = v.__class__
+    if (cls is float or cls is int) and 0 <= v <= _MAX_MS:  # type: ignore[operator]
+        return v / 1e3  # type: ignore[operator]
     return seconds(name, v, 1e3)
 
 

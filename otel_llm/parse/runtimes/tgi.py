@@ -113,8 +113,10 @@ def merge_object(acc: m.Merge, o: dict) -> None:
 
 def merge_headers(acc: m.Merge, headers: Mapping[str, str]) -> None:
     """The x-* headers, kept as strings; their token counts are fallbacks for the body's."""
+    if headers.__class__ is dict and headers.keys().isdisjoint(_SENTINELS):
+        return  # the common case, not TGI (the capture's headers are a plain dict): one C call
     if all(m.header(headers, name) is None for name in _SENTINELS):
-        return  # the common case, not TGI: four lookups instead of the whole table
+        return  # four lookups instead of the whole table
     found = {name: str(v) for name in HEADER_NAMES if (v := m.header(headers, name)) is not None}
     if not found:
         return
