@@ -187,9 +187,11 @@ def _fill(api: str, d: dict, info: RequestInfo) -> None:
 
 def _first(conv: Any, key: str, d: dict, blocks: list[dict]) -> Any:
     for src in (d, *blocks):
-        value = conv(src.get(key))
-        if value is not None:
-            return value
+        value = src.get(key)
+        if value is not None:  # most keys are absent: no conversion call for them
+            value = conv(value)
+            if value is not None:
+                return value
     return None
 
 
@@ -197,6 +199,8 @@ def _max_tokens(d: dict, blocks: list[dict]) -> int | None:
     candidates = [d.get(k) for k in _MAX_TOKEN_KEYS]
     candidates += [b.get(k) for b in blocks for k in _NESTED_MAX_TOKEN_KEYS]
     for value in candidates:
+        if value is None:
+            continue
         n = _int(value)
         if n is not None and n >= 0:  # -1 means "unlimited" in Ollama / llama.cpp
             return n
@@ -206,7 +210,8 @@ def _max_tokens(d: dict, blocks: list[dict]) -> int | None:
 def _stop_sequences(d: dict, blocks: list[dict]) -> list[str] | None:
     for src in (d, *blocks):
         for key in ("stop_sequences", "stop"):
-            stops = _stops(src.get(key))
+            value = src.get(key)
+            stops = None if value is None else _stops(value)
             if stops is not None:
                 return stops
     return None

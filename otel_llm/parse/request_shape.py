@@ -68,7 +68,11 @@ def _messages(shape: RequestShape, messages: list | None) -> None:
         role = message.get("role")
         key = role if role in ROLES else "other"
         shape.by_role[key] = shape.by_role.get(key, 0) + 1
-        size = _text_bytes(message.get("content"), shape, 0) + _tool_call_bytes(message.get("tool_calls"))
+        content, calls = message.get("content"), message.get("tool_calls")
+        # plain ASCII text without tool calls, the usual message, without a call per message
+        size = len(content) if content.__class__ is str and content.isascii() else _text_bytes(content, shape, 0)
+        if calls is not None:
+            size += _tool_call_bytes(calls)
         images = message.get("images")  # Ollama /api/chat
         if isinstance(images, list):
             shape.attachments += len(images)

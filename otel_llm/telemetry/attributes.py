@@ -65,6 +65,16 @@ def span_name(operation: str, model: str | None) -> str:
     return f"{operation} {model}" if model else operation
 
 
+def _put_all(attrs: dict[str, Any], keys: tuple[str, ...], values: tuple[Any, ...]) -> None:
+    """``_put`` of each pair; plain ints and ASCII strings (most of them) without a call."""
+    for key, value in zip(keys, values):
+        cls = value.__class__
+        if cls is int or (cls is str and value.isascii()):
+            attrs[key] = value
+        elif value is not None:
+            _put(attrs, key, value)
+
+
 def _put(attrs: dict[str, Any], key: str, value: Any) -> None:
     if value is None:
         return
@@ -106,9 +116,7 @@ def request_attributes(endpoint: dict[str, Any], info: RequestInfo, capture_cont
     """Attributes known when the request starts (samplers see these): the endpoint's, then the
     request body's."""
     attrs = dict(endpoint)
-    for key, value in zip(_REQUEST_KEYS, _request_values(info)):
-        if value is not None:  # most requests leave most of these unset
-            _put(attrs, key, value)
+    _put_all(attrs, _REQUEST_KEYS, _request_values(info))
     if info.stop_sequences:
         attrs[sc.GEN_AI_REQUEST_STOP_SEQUENCES] = list(info.stop_sequences)
     if info.stream:
@@ -160,9 +168,7 @@ def response_attributes(response: ResponseInfo | None, attrs: dict[str, Any], ca
     """Add what the response body/stream carried."""
     if response is None:
         return
-    for key, value in zip(_RESPONSE_KEYS, _response_values(response)):
-        if value is not None:
-            _put(attrs, key, value)
+    _put_all(attrs, _RESPONSE_KEYS, _response_values(response))
     if response.finish_reasons:
         attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] = [_utf8(r) for r in response.finish_reasons]
     if capture_content and response.output_text:

@@ -117,34 +117,34 @@ def bottleneck(phases: list[Phase], unaccounted: float | None, counters: Runtime
                streaming: bool, buffered: bool | None, concurrent: int, held: bool | None = None) -> str | None:
     """The category with the largest share of the call (see the module docstring). Tokens held
     back (``held``) make the unexplained wait before them buffering: the generation happened in it."""
+    # (category, seconds) pairs summed at the end: a closure called per share cost a frame each
+    parts: list[tuple[str, float | None]] = []
+    waiting = 0.0
+    for name, start_ns, end_ns, _ in phases:
+        seconds = (end_ns - start_ns) * _NS
+        if name in _NETWORK:
+            parts.append(("network", seconds))
+        elif name == sc.SPAN_POOL_WAIT:
+            parts.append(("queue", seconds))
+        elif name == sc.SPAN_SERVER_WAIT or name == sc.SPAN_FIRST_TOKEN:
+            waiting += seconds
+        elif name == sc.SPAN_DECODE:
+            parts.append(("buffering" if buffered else "decode", seconds))
+        elif name == sc.SPAN_DOWNLOAD:
+            parts.append(("download", seconds))
+    if unaccounted is not None and counters is not None and _reported_wait(counters, streaming):
+        parts += (("queue", counters.queue_duration), ("buffering" if held else "queue", unaccounted),
+                  ("load", counters.load_duration),
+                  ("prefill", (counters.prompt_eval_duration or 0.0) + (counters.validation_duration or 0.0)))
+        if not streaming:
+            parts.append(("decode", counters.generation_duration))
+    else:
+        parts.append(("buffering" if held else "queue" if concurrent else ("prefill" if streaming else "decode"),
+                      waiting))
     shares: dict[str, float] = {}
-
-    def add(name: str, seconds: float | None) -> None:
+    for name, seconds in parts:
         if seconds:
             shares[name] = shares.get(name, 0.0) + seconds
-
-    waiting = 0.0
-    for phase in phases:
-        seconds = (phase.end_ns - phase.start_ns) * _NS
-        if phase.name in _NETWORK:
-            add("network", seconds)
-        elif phase.name == sc.SPAN_POOL_WAIT:
-            add("queue", seconds)
-        elif phase.name in (sc.SPAN_SERVER_WAIT, sc.SPAN_FIRST_TOKEN):
-            waiting += seconds
-        elif phase.name == sc.SPAN_DECODE:
-            add("buffering" if buffered else "decode", seconds)
-        elif phase.name == sc.SPAN_DOWNLOAD:
-            add("download", seconds)
-    if unaccounted is not None and counters is not None and _reported_wait(counters, streaming):
-        add("queue", counters.queue_duration)
-        add("buffering" if held else "queue", unaccounted)
-        add("load", counters.load_duration)
-        add("prefill", (counters.prompt_eval_duration or 0.0) + (counters.validation_duration or 0.0))
-        if not streaming:
-            add("decode", counters.generation_duration)
-    else:
-        add("buffering" if held else "queue" if concurrent else ("prefill" if streaming else "decode"), waiting)
     return max(shares, key=shares.__getitem__) if shares else None
 
 
