@@ -238,14 +238,29 @@ def _merge_usage(acc: Merge, u: object) -> None:
         acc.a_cache_write = _keep(_count(u.get("cache_creation_input_tokens")), acc.a_cache_write)
         acc.last("output_tokens", _count(u.get("output_tokens")))
         return
-    details = _dict(u.get("prompt_tokens_details")) or _dict(u.get("input_tokens_details"))
-    out_details = (
-        _dict(u.get("completion_tokens_details")) or _dict(u.get("output_tokens_details"))
-    )
-    acc.last("input_tokens", _first(u.get("prompt_tokens"), u.get("input_tokens")))
-    acc.last("output_tokens", _first(u.get("completion_tokens"), u.get("output_tokens")))
-    acc.last("cached_input_tokens", _count(details.get("cached_tokens")))
-    acc.last("reasoning_output_tokens", _count(out_details.get("reasoning_tokens")))
+    # what acc.last() does, spelled out: four calls per answer otherwise
+    info = acc.info
+    value = _first(u.get("prompt_tokens"), u.get("input_tokens"))
+    if value is not None:
+        info.input_tokens = value
+    value = _first(u.get("completion_tokens"), u.get("output_tokens"))
+    if value is not None:
+        info.output_tokens = value
+    value = _count(_details(u, "prompt_tokens_details", "input_tokens_details").get("cached_tokens"))
+    if value is not None:
+        info.cached_input_tokens = value
+    value = _count(_details(u, "completion_tokens_details", "output_tokens_details").get("reasoning_tokens"))
+    if value is not None:
+        info.reasoning_output_tokens = value
+
+
+def _details(u: dict, name: str, other: str) -> dict:
+    """``u[name]`` if it is a non-empty dict, else ``u[other]`` if a dict, else empty."""
+    details = u.get(name)
+    if isinstance(details, dict) and details:
+        return details
+    details = u.get(other)
+    return details if isinstance(details, dict) else {}
 
 
 def _merge_responses(acc: Merge, o: dict) -> None:

@@ -47,12 +47,14 @@ _NS = 1e-9
 _NETWORK = {sc.SPAN_DNS, sc.SPAN_CONNECT, sc.SPAN_TLS, sc.SPAN_UPLOAD}
 
 
-def _reported_wait(counters: RuntimeCounters, streaming: bool) -> list[float]:
-    parts = [counters.queue_duration, counters.load_duration, counters.validation_duration,
-             counters.prompt_eval_duration]
-    if not streaming:
-        parts.append(counters.generation_duration)
-    return [p for p in parts if p is not None]
+def _reported_wait(counters: RuntimeCounters, streaming: bool) -> float | None:
+    """The sum of the durations the runtime reported before the first token (the answer), None
+    when it reported none of them."""
+    parts = (counters.queue_duration, counters.load_duration, counters.validation_duration,
+             counters.prompt_eval_duration, None if streaming else counters.generation_duration)
+    if parts.count(None) == len(parts):
+        return None
+    return float(sum(filter(None, parts)))  # None and 0.0 both add nothing
 
 
 def explained_wait(counters: RuntimeCounters | None, streaming: bool) -> float | None:
@@ -61,8 +63,8 @@ def explained_wait(counters: RuntimeCounters | None, streaming: bool) -> float |
     if counters is None:
         return None
     reported = _reported_wait(counters, streaming)
-    if reported:
-        return sum(reported)
+    if reported is not None:
+        return reported
     return 0.0 if counters.runtime is not None else None
 
 
@@ -132,7 +134,7 @@ def bottleneck(phases: list[Phase], unaccounted: float | None, counters: Runtime
             parts.append(("buffering" if buffered else "decode", seconds))
         elif name == sc.SPAN_DOWNLOAD:
             parts.append(("download", seconds))
-    if unaccounted is not None and counters is not None and _reported_wait(counters, streaming):
+    if unaccounted is not None and counters is not None and _reported_wait(counters, streaming) is not None:
         parts += (("queue", counters.queue_duration), ("buffering" if held else "queue", unaccounted),
                   ("load", counters.load_duration),
                   ("prefill", (counters.prompt_eval_duration or 0.0) + (counters.validation_duration or 0.0)))
