@@ -107,11 +107,26 @@ def _warm(client: openai.OpenAI) -> None:
     client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2)
 
 
+def _until_recognized(vllm: VllmServer, timeout: float = 30.0) -> None:
+    """Wait (bounded) for the observers to recognize the server the warm-up call went to: they
+    do it on their own thread, from /proc and its /metrics; on a loaded CI machine the first poll
+    came after the calls that followed at once (no llm.runtime.name on them)."""
+    from otel_llm.instrumentor import current_telemetry
+
+    telemetry = current_telemetry()
+    observers = telemetry.observers if telemetry is not None else None
+    deadline = time.monotonic() + timeout
+    while (observers is not None and observers.runtime_of("127.0.0.1", vllm.port) is None
+           and time.monotonic() < deadline):
+        time.sleep(0.05)
+
+
 # --- the real clients, recognized and timed ------------------------------------------------------
 def test_openai_and_raw_calls_are_vllm_and_match_its_own_spans(vllm: VllmServer, phoenix: PhoenixServer,
                                                                traced: Otel) -> None:
     client = openai.OpenAI(base_url=f"{vllm.base_url}/v1", api_key="unused", max_retries=0)
     _warm(client)
+    _until_recognized(vllm)
     traced.clear()
     fixed = {"ignore_eos": True}
     # the content chunks each stream delivered: vLLM may carry several tokens in one chunk when its
