@@ -115,8 +115,8 @@ def test_peer_instruction_counts_include_the_sdk_floor(tmp_path: Path) -> None:
     # none is left out of the ratios): a call with native counters is six spans
     spans = {row["config"]: row["spans"] for row in json.loads((tmp_path / "figures.json").read_text())}
     assert spans["none"] == 0 and spans["otel_llm"] == 6, spans
-    # the other threads' part can come out below zero on a short run: the export and observer
-    # threads wake on timers, so their counts depend on how long each run lasts
+    # the other threads' part can come out below zero on a short run: the observers' threads wake
+    # on timers, so their counts depend on how long each run lasts (spans are exported at the flush)
     row = re.search(r"^httpx call +([\d.]+) M +\+([\d.]+) M \((-?[\d.]+)\) +\+([\d.]+) M$", result.stdout, re.M)
     assert row, result.stdout
     own, ours, other_threads, floor = map(float, row.groups())
