@@ -97,14 +97,10 @@ class SdkSpanSink:
         shift = call.epoch0 - call.t0  # perf-counter ns to epoch ns (LlmCall.to_epoch)
         trace_id, flags, state = context.trace_id, context.trace_flags, context.trace_state
         new_id = self._ids.generate_span_id
-        on_end, readable, resource, scope = self._processor.on_end, self._readable, self._resource, self._scope
-        for (name, start_ns, end_ns, complete), attributes in zip(phases, phase_attributes):
-            on_end(readable(  # what emit() does, without a call per phase
-                name=name, context=SpanContext(trace_id, new_id(), False, flags, state), parent=context,
-                resource=resource, attributes=attributes, events=(), kind=SpanKind.INTERNAL,
-                status=_ERROR if (error and not complete) else _UNSET, start_time=start_ns + shift,
-                end_time=end_ns + shift, instrumentation_scope=scope,
-            ))
+        for phase, attributes in zip(phases, phase_attributes):
+            child = SpanContext(trace_id, new_id(), False, flags, state)
+            self.emit(phase.name, child, context, SpanKind.INTERNAL, attributes, phase.start_ns + shift,
+                      phase.end_ns + shift, _ERROR if (error and not phase.complete) else _UNSET)
         events = () if span.events is None else tuple(
             self._event(name, attributes, call.epoch0) for name, attributes in span.events)
         self.emit(span.name, context, span.parent, SpanKind.CLIENT, span.attributes, call.epoch0,
