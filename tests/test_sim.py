@@ -587,17 +587,24 @@ def test_cold_delay_first_request_and_after_unload(proc: SimProcess, client: htt
         return time.perf_counter() - start, reply
 
     warm_total = 0.1 + 4 * 0.03
+
+    def waited(measured: float, expected: float) -> bool:
+        # Sleeps never end early, but four of them in a row (cold load, first token, three gaps) each
+        # woke late on a loaded CI machine: +47 ms once. Late by up to 0.1 s still tells a cold call
+        # (+0.2 s) from a warm one either way.
+        return expected - 0.005 <= measured <= expected + 0.1
+
     client.get(proc.base_url + "/sim/stats")  # connection open before the timed requests
     first, first_body = timed({})
-    assert first == pytest.approx(0.2 + warm_total, abs=TOL, rel=0.1)
+    assert waited(first, 0.2 + warm_total), first
     assert first_body["load_duration"] / 1e9 == pytest.approx(0.2, abs=NATIVE_TOL)
     second, second_body = timed({"keep_alive": 0})  # warm, but unloads afterwards
-    assert second == pytest.approx(warm_total, abs=TOL, rel=0.1) and "load_duration" not in second_body
+    assert waited(second, warm_total) and "load_duration" not in second_body
     third, _ = timed({})
-    assert third == pytest.approx(0.2 + warm_total, abs=TOL, rel=0.1)
+    assert waited(third, 0.2 + warm_total), third
     proc.unload()
     fourth, _ = timed({})
-    assert fourth == pytest.approx(0.2 + warm_total, abs=TOL, rel=0.1)
+    assert waited(fourth, 0.2 + warm_total), fourth
     assert proc.stats()["cold_starts"] == 3
 
 

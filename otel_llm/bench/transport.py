@@ -58,16 +58,18 @@ def _error_text(body: bytes) -> str:
     return " ".join(body.decode("utf-8", "replace").split())[:200]
 
 
-async def _once_more(attempt: Callable[[], Awaitable[None]], record: _Record,
+async def _once_more(attempt: Callable[[bool], Awaitable[None]], record: _Record,
                      closed: tuple[type[BaseException], ...], refused: type[BaseException] | None = None) -> None:
-    """``attempt()``, made once more (counted in ``record.retries``) when it failed with ``closed``
-    before any response: a kept-alive connection the server closed just as the request went out on
-    it. llama.cpp closes the connection after every streamed answer without saying so (no
-    ``Connection: close``), so on a loaded machine the next request of a closed loop sometimes
-    reaches a socket already half closed. A refused connection (``refused``) is not retried."""
+    """``attempt(False)``, made once more as ``attempt(True)`` on a new connection (counted in
+    ``record.retries``) when it failed with ``closed`` before any response: a kept-alive connection
+    the server closed just as the request went out on it. llama.cpp closes the connection after
+    every streamed answer without saying so (no ``Connection: close``), so on a loaded machine the
+    next request of a closed loop sometimes reaches a socket already half closed; after a level of
+    four, the pool holds several such sockets, so the second try must not take another of them. A
+    refused connection (``refused``) is not retried."""
     for again in (False, True):
         try:
-            await attempt()
+            await attempt(again)
             return
         except closed as exc:
             if again or record.status is not None or (refused is not None and isinstance(exc, refused)):
@@ -85,6 +87,7 @@ class _Httpx:
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=10.0), limits=limits,
                                          trust_env=False, verify=tls_verify())
+        self._fresh: Any = None  # for a second try: keeps no connection, so it always opens one
 
     async def send(self, url: str, payload: Any, headers: Mapping[str, str], record: _Record, feed: Feed) -> None:
         httpx = self._httpx
@@ -100,8 +103,9 @@ class _Httpx:
             record.failure, record.detail = "error", f"{type(exc).__name__}: {exc}"
 
     async def _send(self, url: str, payload: Any, headers: Mapping[str, str], record: _Record, feed: Feed) -> None:
-        async def attempt() -> None:
-            async with self._client.stream("POST", url, json=payload, headers=dict(headers)) as response:
+        async def attempt(fresh: bool) -> None:
+            client = self._fresh_client() if fresh else self._client
+            async with client.stream("POST", url, json=payload, headers=dict(headers)) as response:
                 record.status = response.status_code
                 if response.status_code >= 400:
                     record.failure = f"http_{response.status_code}"
@@ -112,8 +116,18 @@ class _Httpx:
 
         await _once_more(attempt, record, (self._httpx.RemoteProtocolError,))
 
+    def _fresh_client(self) -> Any:
+        if self._fresh is None:
+            httpx = self._httpx
+            self._fresh = httpx.AsyncClient(
+                timeout=self._client.timeout, limits=httpx.Limits(max_connections=None, max_keepalive_connections=0),
+                trust_env=False, verify=tls_verify())
+        return self._fresh
+
     async def close(self) -> None:
         await self._client.aclose()
+        if self._fresh is not None:
+            await self._fresh.aclose()
 
 
 class _Aiohttp:
@@ -124,9 +138,14 @@ class _Aiohttp:
 
         self._aiohttp = aiohttp
         # httpx's read timeout is a limit between bytes, not on the whole answer: sock_read is that
-        self._session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=None, connect=10.0, sock_read=timeout),
-            connector=aiohttp.TCPConnector(limit=0, ssl=tls_verify()), trust_env=False)
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=10.0, sock_read=timeout)
+        self._session = self._open(force_close=False)
+        self._fresh: Any = None  # for a second try: closes every connection after use
+
+    def _open(self, force_close: bool) -> Any:
+        aiohttp = self._aiohttp
+        connector = aiohttp.TCPConnector(limit=0, ssl=tls_verify(), force_close=force_close)
+        return aiohttp.ClientSession(timeout=self._timeout, connector=connector, trust_env=False)
 
     async def send(self, url: str, payload: Any, headers: Mapping[str, str], record: _Record, feed: Feed) -> None:
         aiohttp = self._aiohttp
@@ -142,8 +161,11 @@ class _Aiohttp:
             record.failure, record.detail = "error", f"{type(exc).__name__}: {exc}"
 
     async def _send(self, url: str, payload: Any, headers: Mapping[str, str], record: _Record, feed: Feed) -> None:
-        async def attempt() -> None:
-            async with self._session.post(url, json=payload, headers=dict(headers)) as response:
+        async def attempt(fresh: bool) -> None:
+            if fresh and self._fresh is None:
+                self._fresh = self._open(force_close=True)
+            session = self._fresh if fresh else self._session
+            async with session.post(url, json=payload, headers=dict(headers)) as response:
                 record.status = response.status
                 if response.status >= 400:
                     record.failure = f"http_{response.status}"
@@ -158,6 +180,8 @@ class _Aiohttp:
 
     async def close(self) -> None:
         await self._session.close()
+        if self._fresh is not None:
+            await self._fresh.close()
 
 
 def _aiohttp_installed() -> bool:
