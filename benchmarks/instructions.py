@@ -12,10 +12,15 @@ MeterProvider, as in ``overhead.py``.
 
     python benchmarks/instructions.py [--stacks httpx,aiohttp,requests] [--calls 30] [--streams 6] [--tokens 256]
     python benchmarks/instructions.py --peers [--configs none,httpx-official,otel_llm,sdk-floor,openlit,openllmetry]
+    python benchmarks/instructions.py --records [--calls 200]
 
 ``--peers`` runs the workloads of ``peers.py`` instead (raw httpx and the openai client,
 non-streamed calls and streams, the async openai client for per chunk) for each configuration in
 its own virtualenv, and prints otel_llm's ratios to the cheaper peer (see ``_peer_instructions``).
+
+``--records`` counts what the OpenTelemetry SDK alone spends on one histogram record, by the
+number of attributes it carries and with an exemplar (recorded in a sampled span's context): the
+unit cost under each of the records a model call makes.
 
 Twelve child processes per stack, each about a minute. Needs valgrind. Per chunk is the slope
 between a 16-token and a ``--tokens`` stream (the simulator sends one network chunk per token).
@@ -94,6 +99,34 @@ if config == "otel_llm":
     otel_llm.uninstrument()
 '''
 
+# One histogram record into an SDK MeterProvider, as otel_llm's records are made (advisory
+# buckets, a context without a span unless the record is to offer an exemplar).
+RECORDS_CHILD = r'''
+import sys
+attributes, exemplar, count = map(int, sys.argv[1:4])
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+meter = MeterProvider(metric_readers=[InMemoryMetricReader()]).get_meter("records")
+histogram = meter.create_histogram("h", unit="s", explicit_bucket_boundaries_advisory=[0.01, 0.1, 1.0, 10.0])
+pairs = [("gen_ai.operation.name", "chat"), ("gen_ai.provider.name", "llama.cpp"), ("gen_ai.request.model", "m"),
+         ("gen_ai.response.model", "m"), ("server.address", "127.0.0.1"), ("server.port", 8080),
+         ("gen_ai.token.type", "input"), ("llm.phase", "llm.server_wait")]
+attrs = dict(pairs[:attributes])
+context = Context({"otel_llm.no_span": True})
+if exemplar:
+    span = NonRecordingSpan(SpanContext(1, 2, False, TraceFlags(TraceFlags.SAMPLED)))
+    context = trace.set_span_in_context(span, context)
+def run(n):
+    for _ in range(n):
+        histogram.record(0.5, attrs, context)
+run(3)
+run(count)
+'''
+RECORD_CASES = ((0, 0), (3, 0), (7, 0), (6, 1))  # (attributes, exemplar): 6 + exemplar is the call duration's
+
 
 SOURCE = ROOT  # the otel_llm the children import (--source: compare two checkouts)
 
@@ -130,6 +163,21 @@ def per_call(valgrind: str, config: str, stack: str, count: int, tokens: int, ur
     calls, over N."""
     runs = [_instructions(valgrind, [config, stack, str(n), str(tokens), url], workdir) for n in (count, 2 * count)]
     return (runs[1] - runs[0]) / count
+
+
+def record_costs(valgrind: str, count: int, workdir: Path) -> dict[str, float]:
+    """Instructions of one histogram record per case of ``RECORD_CASES``, and per attribute."""
+    figures = {}
+    for attributes, exemplar in RECORD_CASES:
+        runs = [_counts(valgrind, [sys.executable, "-c", RECORDS_CHILD, str(attributes), str(exemplar), str(n)],
+                        dict(os.environ), workdir)[1] for n in (count, 2 * count)]
+        key = f"{attributes}+exemplar" if exemplar else str(attributes)
+        figures[key] = (runs[1] - runs[0]) / count
+        label = f"{attributes} attributes" + (", with an exemplar" if exemplar else "")
+        print(f"SDK histogram record, {label:30s} {figures[key] / 1e3:7.1f} k instructions", flush=True)
+    figures["per_attribute"] = (figures["7"] - figures["0"]) / 7
+    print(f"per attribute: {figures['per_attribute'] / 1e3:.1f} k instructions (0 to 7 attributes)")
+    return figures
 
 
 def _compare(figures: dict[str, dict[str, float]], tokens: int) -> None:
@@ -170,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-content", action="store_true",
                         help="with --peers: the peers without prompt and completion capture (their default is on)")
     parser.add_argument("--parallel", type=int, default=2, help="with --peers: children run at once")
+    parser.add_argument("--records", action="store_true",
+                        help="the SDK's instructions per histogram record by attribute count (--calls records, and 2x)")
     parser.add_argument("--runtime", default="llama.cpp",
                         help="with --peers: the simulator's flavour (llama.cpp answers carry native counters)")
     args = parser.parse_args(argv)
@@ -178,6 +228,12 @@ def main(argv: list[str] | None = None) -> int:
     valgrind = shutil.which("valgrind")
     if valgrind is None:
         parser.error("valgrind is not installed")
+    if args.records:
+        with tempfile.TemporaryDirectory() as tmp:
+            figures = record_costs(valgrind, args.calls, Path(tmp))
+        if args.json:
+            Path(args.json).write_text(json.dumps(figures, indent=2))
+        return 0
     if args.peers:
         import _peer_instructions
 

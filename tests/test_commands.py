@@ -100,6 +100,22 @@ def test_instruction_counts_run_under_callgrind() -> None:
 
 
 
+@pytest.mark.timeout(600)
+def test_record_costs_count_the_sdk_per_histogram_record() -> None:
+    """``instructions.py --records``, shortened: the SDK's instructions per histogram record grow
+    with its attributes (eight children under callgrind, a few seconds each)."""
+    assert "python benchmarks/instructions.py --records" in (ROOT / "README.md").read_text()
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "instructions.py"), "--records", "--calls", "20"],
+                            capture_output=True, text=True, timeout=580, env=ENV)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = dict(re.findall(r"^SDK histogram record, (.+?) +([\d.]+) k instructions$", result.stdout, re.M))
+    assert list(rows) == ["0 attributes", "3 attributes", "7 attributes", "6 attributes, with an exemplar"], result.stdout
+    none, three, seven = (float(rows[f"{n} attributes"]) for n in (0, 3, 7))
+    assert 10 < none < three < seven < 1000, result.stdout
+    per = re.search(r"^per attribute: ([\d.]+) k instructions", result.stdout, re.M)
+    assert per and float(per.group(1)) == pytest.approx((seven - none) / 7, abs=0.1), result.stdout
+
+
 @pytest.mark.timeout(1500)
 def test_peer_instruction_counts_include_the_sdk_floor(tmp_path: Path) -> None:
     """``instructions.py --peers``, shortened to raw httpx non-streamed calls for no
