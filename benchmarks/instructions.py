@@ -13,6 +13,7 @@ MeterProvider, as in ``overhead.py``.
     python benchmarks/instructions.py [--stacks httpx,aiohttp,requests] [--calls 30] [--streams 6] [--tokens 256]
     python benchmarks/instructions.py --peers [--configs none,httpx-official,otel_llm,sdk-floor,openlit,openllmetry]
     python benchmarks/instructions.py --records [--calls 200]
+    python benchmarks/instructions.py --replay [--streams 6] [--tokens 256] [--repeat 3]
 
 ``--peers`` runs the workloads of ``peers.py`` instead (raw httpx and the openai client,
 non-streamed calls and streams, the async openai client for per chunk) for each configuration in
@@ -21,6 +22,10 @@ its own virtualenv, and prints otel_llm's ratios to the cheaper peer (see ``_pee
 ``--records`` counts what the OpenTelemetry SDK alone spends on one histogram record, by the
 number of attributes it carries and with an exemplar (recorded in a sampled span's context): the
 unit cost under each of the records a model call makes.
+
+``--replay`` gives the per-chunk figure of the async openai client without a live stream: the
+simulator's stream is recorded once and split into its events, and each child replays them
+through httpx2's real transport (see ``_chunk_replay``), so the figure is the same every run.
 
 Twelve child processes per stack, each about a minute. Needs valgrind. Per chunk is the slope
 between a 16-token and a ``--tokens`` stream (the simulator sends one network chunk per token).
@@ -33,6 +38,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -180,6 +186,51 @@ def record_costs(valgrind: str, count: int, workdir: Path) -> dict[str, float]:
     return figures
 
 
+def _recorded(sim: object, tokens: int, path: Path) -> int:
+    """The simulator's answer to a ``tokens``-token openai stream, split into its events (one
+    network chunk per token, as a server flushing every token sends it), written to ``path``;
+    returns the number of chunks."""
+    import httpx
+
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": tokens}
+    with httpx.Client(timeout=60) as client:
+        response = client.post(f"{sim.base_url}/v1/chat/completions", json=body)  # type: ignore[attr-defined]
+    events = [event + b"\n\n" for event in response.content.split(b"\n\n") if event.strip()]
+    headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in response.headers.raw
+               if k.lower() not in (b"content-length", b"transfer-encoding")]
+    path.write_text(json.dumps({"headers": headers, "chunks": [e.decode("latin-1") for e in events]}))
+    return len(events)
+
+
+def chunk_replay(valgrind: str, streams: int, tokens: int, repeat: int, workdir: Path) -> dict[str, float]:
+    """Instructions per chunk of the async openai client, and what otel_llm adds, from replayed
+    streams: the slope between a ``SHORT``- and a ``tokens``-token stream, each run ``repeat``
+    times and its median taken."""
+    from otel_llm.sim import SimProcess
+
+    with SimProcess(headers_delay=0.0, first_token_delay=0.0, token_interval=0.0, tokens=tokens,
+                    runtime="llama.cpp") as sim:
+        lengths = {n: _recorded(sim, n, workdir / f"stream-{n}.json") for n in (SHORT, tokens)}
+    env = {**os.environ, "PYTHONPATH": str(SOURCE)}  # the child runs no thread beside the streams
+    child = str(Path(__file__).resolve().parent / "_chunk_replay.py")
+    chunks = streams * (lengths[tokens] - lengths[SHORT])
+    slope: dict[str, float] = {}
+    for config in ("none", "otel_llm"):
+        main_thread = {}
+        for n in (SHORT, tokens):
+            runs = [_counts(valgrind, [sys.executable, child, config, str(workdir / f"stream-{SHORT}.json"),
+                                       str(workdir / f"stream-{n}.json"), str(streams)], env, workdir)[0]
+                    for _ in range(repeat)]
+            main_thread[n] = statistics.median(runs)
+        slope[config] = (main_thread[tokens] - main_thread[SHORT]) / chunks
+    figures = {"client": slope["none"], "added": slope["otel_llm"] - slope["none"]}
+    figures["share"] = figures["added"] / figures["client"]
+    print(f"per chunk, replayed ({lengths[tokens]}- minus {lengths[SHORT]}-chunk streams, {streams} each, median of "
+          f"{repeat} runs, main thread): the async openai client {figures['client'] / 1e3:.1f} k instructions, "
+          f"otel_llm adds {figures['added'] / 1e3:.2f} k ({100 * figures['share']:.2f} %; target <= 1 %)")
+    return figures
+
+
 def _compare(figures: dict[str, dict[str, float]], tokens: int) -> None:
     """Per chunk, and each stack against the httpx path (where both were measured)."""
     reference = figures.get("httpx", {})
@@ -218,6 +269,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-content", action="store_true",
                         help="with --peers: the peers without prompt and completion capture (their default is on)")
     parser.add_argument("--parallel", type=int, default=2, help="with --peers: children run at once")
+    parser.add_argument("--replay", action="store_true",
+                        help="per chunk of the async openai client, from recorded streams replayed "
+                             "(--streams, --tokens)")
+    parser.add_argument("--repeat", type=int, default=3, help="with --replay: runs of each child, the median kept")
     parser.add_argument("--records", action="store_true",
                         help="the SDK's instructions per histogram record by attribute count (--calls records, and 2x)")
     parser.add_argument("--runtime", default="llama.cpp",
@@ -228,6 +283,12 @@ def main(argv: list[str] | None = None) -> int:
     valgrind = shutil.which("valgrind")
     if valgrind is None:
         parser.error("valgrind is not installed")
+    if args.replay:
+        with tempfile.TemporaryDirectory() as tmp:
+            figures = chunk_replay(valgrind, args.streams, args.tokens, args.repeat, Path(tmp))
+        if args.json:
+            Path(args.json).write_text(json.dumps(figures, indent=2))
+        return 0
     if args.records:
         with tempfile.TemporaryDirectory() as tmp:
             figures = record_costs(valgrind, args.calls, Path(tmp))
