@@ -78,8 +78,7 @@ def _instrument() -> None:
     streams: spans are exported on the application's thread (a SimpleSpanProcessor into a no-op
     exporter) and the observers are off. A chunk's work involves neither; threads beside it made
     the main thread's count move by millions between identical runs (the collections their
-    allocations trigger, the waits of a flush), and spans held for a whole run in a batch queue
-    made every full collection longer the longer the run."""
+    allocations trigger, the waits of a flush)."""
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
     from opentelemetry.sdk.trace import TracerProvider
