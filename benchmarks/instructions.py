@@ -25,7 +25,7 @@ unit cost under each of the records a model call makes.
 
 ``--replay`` gives the per-chunk figure of the async openai client without a live stream: the
 simulator's stream is recorded once and split into its events, and each child replays them
-through httpx2's real transport (see ``_chunk_replay``), so the figure is the same every run.
+through httpx2's real transport (see ``_chunk_replay``), so the figure moves little between runs.
 
 Twelve child processes per stack, each about a minute. Needs valgrind. Per chunk is the slope
 between a 16-token and a ``--tokens`` stream (the simulator sends one network chunk per token).
@@ -283,15 +283,12 @@ def main(argv: list[str] | None = None) -> int:
     valgrind = shutil.which("valgrind")
     if valgrind is None:
         parser.error("valgrind is not installed")
-    if args.replay:
+    if args.replay or args.records:
         with tempfile.TemporaryDirectory() as tmp:
-            figures = chunk_replay(valgrind, args.streams, args.tokens, args.repeat, Path(tmp))
-        if args.json:
-            Path(args.json).write_text(json.dumps(figures, indent=2))
-        return 0
-    if args.records:
-        with tempfile.TemporaryDirectory() as tmp:
-            figures = record_costs(valgrind, args.calls, Path(tmp))
+            if args.replay:
+                figures = chunk_replay(valgrind, args.streams, args.tokens, args.repeat, Path(tmp))
+            else:
+                figures = record_costs(valgrind, args.calls, Path(tmp))
         if args.json:
             Path(args.json).write_text(json.dumps(figures, indent=2))
         return 0

@@ -118,22 +118,23 @@ def test_record_costs_count_the_sdk_per_histogram_record() -> None:
 
 @pytest.mark.timeout(900)
 def test_replayed_streams_give_the_per_chunk_figure() -> None:
-    """``instructions.py --replay``, shortened to one 64-token stream per run: the client's
+    """``instructions.py --replay``, shortened to one 256-token stream per run: the client's
     instructions per chunk and what otel_llm adds to them, from recorded chunks replayed through
     httpx2's transport (four children under callgrind)."""
     assert "python benchmarks/instructions.py --replay" in (ROOT / "README.md").read_text()
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "instructions.py"), "--replay", "--streams",
-                             "1", "--tokens", "64", "--repeat", "1"],
+                             "1", "--tokens", "256", "--repeat", "1"],
                             capture_output=True, text=True, timeout=880, env=ENV)
     assert result.returncode == 0, result.stderr[-3000:]
     found = re.search(r"^per chunk, replayed \((\d+)- minus (\d+)-chunk streams.*: the async openai client ([\d.]+) k "
                       r"instructions, otel_llm adds (-?[\d.]+) k \((-?[\d.]+) %", result.stdout, re.M)
     assert found, result.stdout
     long, short, client, added, share = (float(v) for v in found.groups())
-    assert long - short == 48  # one chunk per token, the role and usage chunks in both
+    assert long - short == 240  # one chunk per token, the role and usage chunks in both
     # the client parses each chunk into objects (hundreds of k); otel_llm appends a timestamp and
-    # scans in bulk: far below the client's own. One run of 48 chunks each: a run now and then
-    # counts ~2 M more or less on the main thread (see chunk_replay), ~40 k a chunk here
+    # scans in bulk: far below the client's own. One run of 240 chunks each: a run counts up to
+    # ~2.6 M more or less on the main thread (see _chunk_replay), ~11 k a chunk here (with
+    # 64-token streams one run came out at -53 k a chunk)
     assert 100 < client < 5000 and abs(added) < client / 10, result.stdout
     assert share == pytest.approx(100 * added / client, abs=0.01), result.stdout
 
