@@ -8,11 +8,11 @@ STAMP := $(VENV)/.otel-llm-installed
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml testing/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,gateway]'
-	$(PY) -m otel_llm.testing prepare
+	$(PY) -m pip install --quiet -e '.[test,gateway]' -e testing
+	$(PY) -m otel_llm_testing prepare
 	touch $(STAMP)
 
 demo: venv

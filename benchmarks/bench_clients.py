@@ -72,7 +72,7 @@ def main() -> int:
     parser.add_argument("--streams", type=int, default=120)
     parser.add_argument("--tokens", type=int, default=64)
     args = parser.parse_args()
-    from otel_llm.sim import SimProcess
+    from otel_llm.tools.sim import SimProcess
 
     with SimProcess(runtime="vllm", headers_delay=0.0, first_token_delay=0.0, token_interval=0.0,
                     tokens=args.tokens) as sim:

@@ -35,7 +35,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 import otel_llm
 from otel_llm.telemetry.metrics import CallMetrics
-from otel_llm.sim import SimProcess
+from otel_llm.tools.sim import SimProcess
 
 _EVENT = (b'{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m",'
           b'"choices":[{"index":0,"delta":{"content":"tok"},"finish_reason":null}]}')

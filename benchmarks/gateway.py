@@ -35,8 +35,8 @@ from typing import Any
 
 import psutil
 
-from otel_llm.gateway.process import GatewayProcess
-from otel_llm.sim import SimProcess
+from otel_llm.tools.gateway.process import GatewayProcess
+from otel_llm.tools.sim import SimProcess
 
 TARGET_ADDED_MEDIAN_MS = 1.0
 PATH = "/v1/chat/completions"

@@ -206,7 +206,7 @@ def chunk_replay(valgrind: str, streams: int, tokens: int, repeat: int, workdir:
     """Instructions per chunk of the async openai client, and what otel_llm adds, from replayed
     streams: the slope between a ``SHORT``- and a ``tokens``-token stream, each run ``repeat``
     times and its median taken."""
-    from otel_llm.sim import SimProcess
+    from otel_llm.tools.sim import SimProcess
 
     with SimProcess(headers_delay=0.0, first_token_delay=0.0, token_interval=0.0, tokens=tokens,
                     runtime="llama.cpp") as sim:
@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     stacks = [s.strip() for s in args.stacks.split(",") if s.strip()]
     if not stacks or set(stacks) - set(STACKS):
         parser.error(f"stacks must be among {', '.join(STACKS)}")
-    from otel_llm.sim import SimProcess
+    from otel_llm.tools.sim import SimProcess
 
     figures: dict[str, dict[str, float]] = {}
     with SimProcess(headers_delay=0.0, first_token_delay=0.0, token_interval=0.0, tokens=args.tokens) as sim, \

@@ -136,12 +136,12 @@ def model_server(llama: bool) -> Iterator[tuple[int, str]]:
     """A server whose state the runtime poller really reads every second: the real llama-server
     (``/metrics``) with ``--llama``, else the simulator speaking Ollama (``/api/ps``)."""
     if llama:
-        from otel_llm.testing import LlamaServer
+        from otel_llm_testing import LlamaServer
 
         with LlamaServer() as server:
             yield server.port, "llama.cpp"
     else:
-        from otel_llm.sim import SimProcess
+        from otel_llm.tools.sim import SimProcess
 
         with SimProcess(runtime="ollama") as sim:
             yield sim.port, "ollama"

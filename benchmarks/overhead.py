@@ -33,7 +33,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 import otel_llm
-from otel_llm.sim import SimProcess
+from otel_llm.tools.sim import SimProcess
 
 SHORT, LONG = 16, 1024
 STACKS = ("httpx", "aiohttp", "requests")

@@ -75,7 +75,7 @@ def vllm_bench(python: str, args: argparse.Namespace, seed: int, out_dir: Path) 
 
 def otel_bench(args: argparse.Namespace, prompt_tokens: int, index: int, out_dir: Path) -> dict[str, Any]:
     path = out_dir / f"otel-{index}.json"
-    command = [sys.executable, "-m", "otel_llm.cli.main", "bench", args.url, "--model", args.model,
+    command = [sys.executable, "-m", "otel_llm.tools.main", "bench", args.url, "--model", args.model,
                *_otel_load(args, index), "--requests", str(args.requests),
                "--prompt-tokens", str(prompt_tokens), "--output-tokens", str(args.output_len),
                "--warmup", "1", "--json", str(path)]
@@ -183,7 +183,7 @@ def _num(value: float | None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--url", help="a running vLLM (default: start the tiny one of otel_llm.testing.vllm, "
+    parser.add_argument("--url", help="a running vLLM (default: start the tiny one of otel_llm_testing.vllm, "
                                       "prefix caching off)")
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--tokenizer", help="the served model's tokenizer directory (default: the tiny model's)")
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 when a ratio is off its target")
     args = parser.parse_args(argv)
 
-    from otel_llm.testing.vllm import VllmServer, model_dir, vllm_python
+    from otel_llm_testing.vllm import VllmServer, model_dir, vllm_python
 
     python = str(vllm_python())
     server = None

@@ -26,9 +26,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import otel_llm
 from otel_llm import semconv as sc
-from otel_llm.cli.view import group_calls, render_call
+from otel_llm.tools.view import group_calls, render_call
 from otel_llm.export.jsonl import JsonLinesSpanExporter, flatten_spans
-from otel_llm.testing import LlamaServer
+from otel_llm_testing import LlamaServer
 
 SHORT_PROMPT = "In one sentence: why do we measure time to first token separately?"
 LONG_PROMPT = " ".join(f"Note {i}: the shipment left the harbour on time." for i in range(90)) + \

@@ -21,7 +21,7 @@ import ollama
 import openai
 
 import otel_llm
-from otel_llm.sim import SimProcess
+from otel_llm.tools.sim import SimProcess
 
 TIMINGS = dict(runtime="ollama", cold_delay=0.8, headers_delay=0.02, first_token_delay=0.12,
                token_interval=0.025, tokens=40)
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                 provider.shutdown()
     sys.stderr.flush()
     print(f"\n$ otel-llm view --last 4 {args.traces_file}\n", flush=True)
-    return subprocess.call([sys.executable, "-m", "otel_llm.cli.main", "view", "--last", "4", args.traces_file])
+    return subprocess.call([sys.executable, "-m", "otel_llm.tools.main", "view", "--last", "4", args.traces_file])
 
 
 if __name__ == "__main__":

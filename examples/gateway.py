@@ -42,7 +42,7 @@ def gateway() -> Iterator[tuple[str, str]]:
     if os.environ.get("OTEL_LLM_EXAMPLE_GATEWAY"):
         yield os.environ["OTEL_LLM_EXAMPLE_GATEWAY"], os.environ["OTEL_LLM_EXAMPLE_KEY"]
         return
-    from otel_llm.gateway.process import GatewayProcess
+    from otel_llm.tools.gateway.process import GatewayProcess
 
     # one key, "example", allowed on the OpenAI-compatible routes only
     with GatewayProcess(URL, {"example": {"routes": ["/v1/*"]}}) as started:

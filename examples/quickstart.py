@@ -1,6 +1,6 @@
 """The smallest useful setup: one line of otel_llm in an application that calls a model.
 
-Starts the real llama.cpp server (otel_llm.testing; built once, about 8 minutes the first time),
+Starts the real llama.cpp server (otel_llm_testing; built once, about 8 minutes the first time),
 then makes one streamed call with the openai client. With no backend configured, otel_llm prints
 a summary line per call on stderr and appends the spans to otel-llm-traces.jsonl; set
 OTEL_EXPORTER_OTLP_ENDPOINT to send them to a collector instead.
@@ -13,7 +13,7 @@ from __future__ import annotations
 import openai
 
 import otel_llm
-from otel_llm.testing import LlamaServer
+from otel_llm_testing import LlamaServer
 
 
 def main() -> int:

@@ -89,7 +89,7 @@ def otel() -> Iterator[Otel]:
 
 @pytest.fixture(scope="session")
 def sim_process() -> Iterator[Any]:
-    from otel_llm.sim import SimProcess
+    from otel_llm.tools.sim import SimProcess
 
     with SimProcess() as sim:
         yield sim

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 import otel_llm
-from otel_llm.bench import Level, RequestRecord, Workload, knee, parse_slo, percentile, run_level, summarize
-from otel_llm.bench.load import LevelResult, _arrivals
-from otel_llm.sim import SimProcess
+from otel_llm.tools.bench import Level, RequestRecord, Workload, knee, parse_slo, percentile, run_level, summarize
+from otel_llm.tools.bench.load import LevelResult, _arrivals
+from otel_llm.tools.sim import SimProcess
 from tests.conftest import Otel, make_otel
 from tests.helpers_servers import clean_env
 from tests.test_diagnose_html import chromium  # noqa: F401 - the fixture (installs Chromium)
@@ -138,7 +138,7 @@ def test_open_loop_sends_on_schedule(traced: Otel) -> None:
 
 def test_closed_loop_lag_is_the_generators_own_time_between_requests(traced: Otel,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    from otel_llm.bench.cli import warnings
+    from otel_llm.tools.bench.cli import warnings
 
     with SimProcess(first_token_delay=0.02, token_interval=0.005, tokens=5) as sim:
         workload = Workload(sim.base_url, "openai", "sim-model", prompt_tokens=16, output_tokens=5)
@@ -190,7 +190,7 @@ def test_every_request_is_a_traced_model_call(traced: Otel, client: str) -> None
 def _bench(sim: SimProcess, tmp_path: Path, *args: str, **popen: object) -> subprocess.Popen[str]:
     env = clean_env(OTEL_LLM_TRACES_FILE=str(tmp_path / "traces.jsonl"), PYTHONPATH=str(REPO))
     popen.setdefault("stdout", subprocess.PIPE)
-    return subprocess.Popen([sys.executable, "-m", "otel_llm.cli.main", "bench", sim.base_url, "--model", "sim-model",
+    return subprocess.Popen([sys.executable, "-m", "otel_llm.tools.main", "bench", sim.base_url, "--model", "sim-model",
                              "--api", "openai", *args], env=env, cwd=tmp_path, text=True,
                             stderr=subprocess.PIPE, **popen)  # type: ignore[call-overload]
 
@@ -218,7 +218,7 @@ def test_command_prints_the_table_and_writes_every_request(tmp_path: Path) -> No
     assert memory["pids"] == [sim_pid] and memory["samples"] >= 2
     assert 10 * 2**20 < memory["peak_rss_bytes"] < 2 * 2**30 and memory["peak_gpu_memory_bytes"] is None
     assert "peak RSS" in out and f"{sim_pid}" in doc["configuration"]["runtime_processes"]
-    from otel_llm.bench.html import render_html
+    from otel_llm.tools.bench.html import render_html
 
     assert (tmp_path / "bench.html").read_text() == render_html(doc)
 
@@ -226,7 +226,7 @@ def test_command_prints_the_table_and_writes_every_request(tmp_path: Path) -> No
 def test_html_report_renders_in_chromium(tmp_path: Path, chromium: str) -> None:  # noqa: F811
     """The report of a run (two levels, an SLO, a knee) drawn by headless Chromium: both charts,
     the knee and SLO marks, a line per series, no script, and pixels in the series' colours."""
-    from otel_llm.bench.html import COLORS, write_html
+    from otel_llm.tools.bench.html import COLORS, write_html
     from tests.test_diagnose_html import _chromium, _read_png
 
     def level(name: str, tput: float, ttft: float) -> dict[str, object]:
@@ -285,7 +285,7 @@ def test_ctrl_c_between_two_levels_keeps_the_levels_measured(tmp_path: Path, mon
     """Ctrl-C while the first level's row is printed (after the level, before the next one)."""
     import argparse
 
-    from otel_llm.bench import cli
+    from otel_llm.tools.bench import cli
 
     def interrupted(summary: dict) -> str:
         raise KeyboardInterrupt
@@ -315,7 +315,7 @@ def test_readme_command_runs_against_the_simulator(tmp_path: Path) -> None:
         args = [sim.base_url if a == "http://127.0.0.1:8000" else "sim-model" if a == "NAME" else a
                 for a in command[2:]]
         env = clean_env(OTEL_LLM_TRACES_FILE=str(tmp_path / "traces.jsonl"), PYTHONPATH=str(REPO))
-        done = subprocess.run([sys.executable, "-m", "otel_llm.cli.main", "bench", *args], env=env, cwd=tmp_path,
+        done = subprocess.run([sys.executable, "-m", "otel_llm.tools.main", "bench", *args], env=env, cwd=tmp_path,
                               text=True, capture_output=True, timeout=240)
     assert done.returncode == 0, done.stderr
     doc = json.loads((tmp_path / "bench.json").read_text())
@@ -328,7 +328,7 @@ def test_token_chunks_of_a_real_vllm_stream_are_counted_as_its_bench_counts() ->
     other chunk with a choice is (the finish chunk too), the usage chunk is not; the count of
     output tokens is vLLM's own usage, and the request ends at its last token chunk, as vLLM's
     bench ends it (not at the usage chunk, [DONE] or the close)."""
-    from otel_llm.bench.load import _finish, _Stream
+    from otel_llm.tools.bench.load import _finish, _Stream
 
     raw = (REPO / "tests/fixtures/runtimes/vllm/chat_stream.sse").read_bytes()
     events = [json.loads(line[6:]) for line in raw.decode().splitlines() if line.startswith("data: {")]
@@ -391,7 +391,7 @@ def test_the_token_never_reaches_the_output_or_the_json(tmp_path: Path) -> None:
     try:
         env = clean_env(OTEL_LLM_TRACES_FILE=str(tmp_path / "traces.jsonl"), PYTHONPATH=str(REPO),
                         BENCH_TOKEN="sk-very-secret-1234")
-        done = subprocess.run([sys.executable, "-m", "otel_llm.cli.main", "bench", f"http://127.0.0.1:{server.server_port}",
+        done = subprocess.run([sys.executable, "-m", "otel_llm.tools.main", "bench", f"http://127.0.0.1:{server.server_port}",
                                "--model", "m", "--api", "openai", "--auth-env", "BENCH_TOKEN", "--concurrency", "1",
                                "--requests", "2", "--warmup", "0", "--json", str(tmp_path / "bench.json")],
                               env=env, cwd=tmp_path, text=True, capture_output=True, timeout=120)
@@ -497,7 +497,7 @@ def test_the_second_try_opens_a_connection_when_the_pool_holds_several_closed_on
     import asyncio
     from dataclasses import dataclass
 
-    from otel_llm.bench.transport import open_transport
+    from otel_llm.tools.bench.transport import open_transport
 
     @dataclass
     class Record:

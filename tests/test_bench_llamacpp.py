@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from otel_llm.bench import knee
-from otel_llm.testing.llamacpp import LlamaServer
+from otel_llm.tools.bench import knee
+from otel_llm_testing.llamacpp import LlamaServer
 from tests.helpers_servers import clean_env
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.flaky(reruns=1)]
@@ -35,7 +35,7 @@ def _bench(server: LlamaServer, tmp_path: Path) -> tuple[str, dict[str, Any]]:
     out = tmp_path / "bench.json"
     args = COMMAND.replace("\\\n", "").split()
     proc = subprocess.run(
-        [sys.executable, "-m", "otel_llm.cli.main", "bench", server.base_url, *args, "--json", str(out)],
+        [sys.executable, "-m", "otel_llm.tools.main", "bench", server.base_url, *args, "--json", str(out)],
         capture_output=True, text=True, timeout=500, cwd=tmp_path, env=clean_env(OTEL_LLM_TRACES_FILE=str(tmp_path / "traces.jsonl")), check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout, json.loads(out.read_text())

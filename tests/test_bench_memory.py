@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from otel_llm.bench.memory import MemoryWatch, server_processes
+from otel_llm.tools.bench.memory import MemoryWatch, server_processes
 
 pytestmark = pytest.mark.timeout(120)
 

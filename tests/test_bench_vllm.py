@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from otel_llm.testing.vllm import VllmServer
+from otel_llm_testing.vllm import VllmServer
 from tests.helpers_servers import clean_env
 
 pytestmark = pytest.mark.timeout(900)
@@ -67,7 +67,7 @@ def test_side_by_side_with_vllm_bench_serve(vllm: VllmServer, tmp_path: Path) ->
 def test_counts_agree_with_vllms_own_counters(vllm: VllmServer, tmp_path: Path) -> None:
     before = _counters(vllm.base_url)
     proc = subprocess.run(
-        [sys.executable, "-m", "otel_llm.cli.main", "bench", vllm.base_url, "--model", "tiny", "--concurrency",
+        [sys.executable, "-m", "otel_llm.tools.main", "bench", vllm.base_url, "--model", "tiny", "--concurrency",
          "1,4", "--requests", "8", "--output-tokens", "32", "--warmup", "1", "--json", str(tmp_path / "b.json")],
         capture_output=True, text=True, timeout=300, env=clean_env(OTEL_LLM_TRACES_FILE=str(tmp_path / "t.jsonl")),
         cwd=tmp_path, check=False)

@@ -17,8 +17,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import SpanKind
 
 from otel_llm import semconv as sc
-from otel_llm.cli import main as cli_main
-from otel_llm.cli.view import UNACCOUNTED, group_calls, render_calls
+from otel_llm.tools import main as cli_main
+from otel_llm.tools.view import UNACCOUNTED, group_calls, render_calls
 from otel_llm.export.jsonl import JsonLinesSpanExporter, read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
@@ -176,7 +176,7 @@ def test_duplicate_spans_and_non_model_spans_are_ignored(traces: Path) -> None:
 def _run(*args: str, env: dict[str, str] | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
     full_env = {k: v for k, v in os.environ.items() if k != cli_main.ENV_TRACES_FILE}
     full_env.update(PYTHONPATH=str(REPO), PYTHONIOENCODING="utf-8", **(env or {}))
-    return subprocess.run([sys.executable, "-m", "otel_llm.cli.main", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "otel_llm.tools.main", *args], capture_output=True, text=True,
                           encoding="utf-8", env=full_env, cwd=cwd, timeout=60)
 
 

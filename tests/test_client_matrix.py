@@ -17,8 +17,8 @@ import pytest
 import otel_llm
 from otel_llm import semconv as sc
 from otel_llm._log import reset_log_once
-from otel_llm.sim.formats.base import piece
-from otel_llm.testing import LlamaServer
+from otel_llm.tools.sim.formats.base import piece
+from otel_llm_testing import LlamaServer
 from tests.clients import CASES, OLLAMA, OPENAI, Case
 from tests.conftest import Otel, configure_sim, make_otel, raw_timeline
 

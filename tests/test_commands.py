@@ -216,7 +216,7 @@ SERVE = "otel-llm gateway --upstream http://127.0.0.1:11434 --listen 127.0.0.1:8
 
 def test_readme_gateway_commands_run(tmp_path: Path) -> None:
     """The README's two gateway lines, run by a shell, with only the addresses changed."""
-    from otel_llm.sim import SimProcess
+    from otel_llm.tools.sim import SimProcess
 
     assert KEYGEN in README and SERVE in README
     bin_dir = str(Path(OTEL_LLM).parent)

@@ -34,9 +34,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from otel_llm.gateway.process import GatewayProcess
-from otel_llm.sim import SimProcess
-from otel_llm.testing import LlamaServer
+from otel_llm.tools.gateway.process import GatewayProcess
+from otel_llm.tools.sim import SimProcess
+from otel_llm_testing import LlamaServer
 from tests.helpers_servers import clean_env
 from tests.test_prometheus import LOOPBACK, Prometheus, finite_values, free_port, prometheus_binary, wait_until
 

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 import otel_llm
-from otel_llm.diagnose.cli import parse_args, run
-from otel_llm.diagnose.hoststate import HostReading
-from otel_llm.diagnose.trials import TargetResult, Trial, request_for
-from otel_llm.diagnose.verdicts import CODES, THRESHOLDS, Verdict, verdicts
+from otel_llm.tools.diagnose.cli import parse_args, run
+from otel_llm.tools.diagnose.hoststate import HostReading
+from otel_llm.tools.diagnose.trials import TargetResult, Trial, request_for
+from otel_llm.tools.diagnose.verdicts import CODES, THRESHOLDS, Verdict, verdicts
 
 from .conftest import configure_sim
 
@@ -199,7 +199,7 @@ def test_two_targets_side_by_side(sim: Any, tmp_path: Path, capsys: pytest.Captu
 
 
 def test_subcommand_registered() -> None:
-    from otel_llm.cli.main import COMMANDS
+    from otel_llm.tools.main import COMMANDS
 
     assert "diagnose" in [c.name for c in COMMANDS]
 
@@ -349,7 +349,7 @@ def test_verdicts_memory_pressure_from_vmstat_deltas() -> None:
 
 
 def test_host_readings_from_a_vmstat_file(tmp_path: Path) -> None:
-    from otel_llm.diagnose.hoststate import read_host
+    from otel_llm.tools.diagnose.hoststate import read_host
 
     vmstat = tmp_path / "vmstat"
     vmstat.write_text("nr_free_pages 1\npgmajfault 930\npswpin 7\npswpout 8\noom_kill 0\n")
@@ -372,8 +372,8 @@ def test_request_payloads() -> None:
 
 
 def test_prefill_fit_is_least_squares() -> None:
-    from otel_llm.diagnose.sweep import fit
-    from otel_llm.diagnose.trials import Trial
+    from otel_llm.tools.diagnose.sweep import fit
+    from otel_llm.tools.diagnose.trials import Trial
 
     trials = [Trial(kind="prompt", input_tokens=n, prompt_eval=0.01 + n / 250, ttft=0.03 + n / 200)
               for n in (40, 260, 1000)]
@@ -388,11 +388,11 @@ def test_prefill_fit_is_least_squares() -> None:
 
 def test_prompt_sweep_on_the_real_llamacpp_server(tmp_path: Path) -> None:
     """Native prompt evaluation grows with the prompt: the fitted prefill rate is a real number."""
-    from otel_llm.testing import LlamaServer
+    from otel_llm_testing import LlamaServer
 
     record_file = tmp_path / "record.json"
     with LlamaServer(slots=2) as server:
-        result = subprocess.run([sys.executable, "-m", "otel_llm.cli.main", "diagnose", server.base_url,
+        result = subprocess.run([sys.executable, "-m", "otel_llm.tools.main", "diagnose", server.base_url,
                                  "--model", "gemma", "--quick", "--json", str(record_file)],
                                 cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
@@ -416,11 +416,11 @@ def test_prompt_sweep_on_the_real_llamacpp_server(tmp_path: Path) -> None:
 def test_prompt_sweep_stays_within_a_small_context(tmp_path: Path) -> None:
     """A llama.cpp server holding 512 tokens per request: the sweep's sizes are brought within
     80 % of it (prompt and output limit), every point is answered, and the fit has them all."""
-    from otel_llm.testing import LlamaServer
+    from otel_llm_testing import LlamaServer
 
     record_file = tmp_path / "record.json"
     with LlamaServer(slots=1, context=512) as server:
-        result = subprocess.run([sys.executable, "-m", "otel_llm.cli.main", "diagnose", server.base_url,
+        result = subprocess.run([sys.executable, "-m", "otel_llm.tools.main", "diagnose", server.base_url,
                                  "--model", "gemma", "--quick", "--max-tokens", "32", "--json", str(record_file)],
                                 cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
@@ -435,7 +435,7 @@ def test_prompt_sweep_stays_within_a_small_context(tmp_path: Path) -> None:
 
 
 def test_deliberate_cold_trials_through_the_ollama_lifecycle_control(tmp_path: Path) -> None:
-    from otel_llm.sim import SimProcess
+    from otel_llm.tools.sim import SimProcess
 
     with SimProcess(runtime="ollama", cold_delay=0.6, first_token_delay=0.02, token_interval=0.002, tokens=8) as sim:
         code, data = diagnose(sim.base_url, tmp_path, "--api", "ollama", "--cold", "ollama", "--cold-trials", "2")
@@ -448,7 +448,7 @@ def test_deliberate_cold_trials_through_the_ollama_lifecycle_control(tmp_path: P
 
 
 def test_partial_offload_read_from_ollamas_ps_once_the_model_is_loaded(tmp_path: Path) -> None:
-    from otel_llm.sim import SimProcess
+    from otel_llm.tools.sim import SimProcess
 
     with SimProcess(runtime="ollama", vram_share=0.25, first_token_delay=0.01, token_interval=0.002, tokens=8) as sim:
         pid = sim.pid
@@ -483,7 +483,7 @@ def test_verdict_partial_offload_needs_both_sizes() -> None:
 
 
 def test_api_is_detected_when_not_given(tmp_path: Path) -> None:
-    from otel_llm.testing import LlamaServer
+    from otel_llm_testing import LlamaServer
 
     with LlamaServer(slots=2) as server:
         pid = server.pid
@@ -513,8 +513,8 @@ def test_api_is_detected_when_not_given(tmp_path: Path) -> None:
 
 
 def test_network_path_between_two_urls_of_the_same_service(tmp_path: Path) -> None:
-    from otel_llm.diagnose.lab import DelayingProxy
-    from otel_llm.sim import SimProcess
+    from otel_llm.tools.diagnose.lab import DelayingProxy
+    from otel_llm.tools.sim import SimProcess
 
     with SimProcess(runtime="llama.cpp", first_token_delay=0.05, token_interval=0.005, tokens=16) as sim:
         with DelayingProxy("127.0.0.1", sim.port, 0.1) as proxy:
@@ -527,8 +527,8 @@ def test_network_path_between_two_urls_of_the_same_service(tmp_path: Path) -> No
 
 
 def test_auth_check_through_gateways(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
-    from otel_llm.diagnose.lab import AuthGateway
-    from otel_llm.sim import SimProcess
+    from otel_llm.tools.diagnose.lab import AuthGateway
+    from otel_llm.tools.sim import SimProcess
 
     monkeypatch.setenv("DIAG_TOKEN", SECRET)
     with SimProcess(first_token_delay=0.01, token_interval=0.002, tokens=4) as sim:
@@ -545,7 +545,7 @@ def test_auth_check_through_gateways(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 
 def test_progress_bar() -> None:
-    from otel_llm.diagnose.report import progress_bar
+    from otel_llm.tools.diagnose.report import progress_bar
 
     assert progress_bar(0, 4, "warm", width=8) == "warm [--------] 0/4"
     assert progress_bar(2, 4, "warm", width=8) == "warm [####----] 2/4"
@@ -559,8 +559,8 @@ def test_runtime_restarted_during_the_trials_of_the_real_llamacpp_server(tmp_pat
     import os
     import signal
 
-    from otel_llm.diagnose.trials import TrialRunner
-    from otel_llm.testing import LlamaServer
+    from otel_llm.tools.diagnose.trials import TrialRunner
+    from otel_llm_testing import LlamaServer
 
     servers = [LlamaServer(slots=2).start()]
     pids = [servers[0].pid]

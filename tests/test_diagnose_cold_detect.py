@@ -1,4 +1,4 @@
-"""detect_api / runtime_hint probes, and deliberate cold trials (otel_llm.diagnose.detect / .cold)."""
+"""detect_api / runtime_hint probes, and deliberate cold trials (otel_llm.tools.detect / .cold)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import otel_llm
-from otel_llm.diagnose.cold import ColdControl, cold_trials, cold_verdict_evidence, model_loaded
-from otel_llm.diagnose.detect import detect, detect_api, runtime_hint
-from otel_llm.diagnose.trials import Trial, TrialRunner
-from otel_llm.sim import SimProcess
+from otel_llm.tools.diagnose.cold import ColdControl, cold_trials, cold_verdict_evidence, model_loaded
+from otel_llm.tools.detect import detect, detect_api, runtime_hint
+from otel_llm.tools.diagnose.trials import Trial, TrialRunner
+from otel_llm.tools.sim import SimProcess
 
 MODEL = "sim-model"
 FAST = dict(cold_delay=0.5, first_token_delay=0.02, token_interval=0.002, tokens=4)
@@ -115,7 +115,7 @@ def test_detect_vllm_sim_is_seen_as_ollama_because_the_sim_serves_every_listing(
 
 
 def test_detect_llamacpp_real_server() -> None:
-    from otel_llm.testing import LlamaServer
+    from otel_llm_testing import LlamaServer
 
     with LlamaServer() as server:
         found = detect(server.base_url)

@@ -16,14 +16,14 @@ from typing import Any
 
 import pytest
 
-from otel_llm.diagnose.html import PHASE_COLORS, median_warm_trial, render_html, waterfall_segments, write_html
+from otel_llm.tools.diagnose.html import PHASE_COLORS, median_warm_trial, render_html, waterfall_segments, write_html
 
 MODEL = "<script>alert('m')</script>&model"
 CHROMIUM = "/usr/bin/chromium"
 
 
 def _start_sim(*args: str) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen([sys.executable, "-m", "otel_llm.sim", "--port", "0", *args],
+    proc = subprocess.Popen([sys.executable, "-m", "otel_llm.tools.sim", "--port", "0", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
     deadline = time.monotonic() + 20
@@ -46,7 +46,7 @@ def record(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             _start_sim("--first-token-delay", "0.03", "--token-interval", "0.005")]
     try:
         env = dict(os.environ, OTEL_LLM_TRACES_FILE=str(tmp / "traces.jsonl"))
-        out = subprocess.run([sys.executable, "-m", "otel_llm.cli.main", "diagnose", sims[0][1], sims[1][1],
+        out = subprocess.run([sys.executable, "-m", "otel_llm.tools.main", "diagnose", sims[0][1], sims[1][1],
                               "--model", MODEL, "--quick", "--json", str(tmp / "rec.json"),
                               "--html", str(tmp / "report.html")],
                              cwd=tmp, env=env, capture_output=True, text=True, timeout=120)
@@ -270,7 +270,7 @@ def test_real_rendering(record: dict[str, Any], chromium: str, tmp_path: Path) -
 
 def test_command_writes_the_same_report(record: dict[str, Any]) -> None:
     """``diagnose --html FILE`` writes what render_html makes of the ``--json`` record."""
-    from otel_llm.diagnose.html import render_html
+    from otel_llm.tools.diagnose.html import render_html
 
     written = record["_html_from_command"]
     plain = {k: v for k, v in record.items() if k != "_html_from_command"}

@@ -10,11 +10,11 @@ from typing import Any
 import httpx
 import pytest
 
-from otel_llm.diagnose.authcheck import auth_check, auth_findings, auth_verdicts
-from otel_llm.diagnose.lab import AuthGateway, DelayingProxy
-from otel_llm.diagnose.netpath import network_path_verdicts
-from otel_llm.diagnose.trials import TargetResult, Trial, TrialRunner
-from otel_llm.sim import SimProcess
+from otel_llm.tools.diagnose.authcheck import auth_check, auth_findings, auth_verdicts
+from otel_llm.tools.diagnose.lab import AuthGateway, DelayingProxy
+from otel_llm.tools.diagnose.netpath import network_path_verdicts
+from otel_llm.tools.diagnose.trials import TargetResult, Trial, TrialRunner
+from otel_llm.tools.sim import SimProcess
 
 # timing on a shared 2-core machine: one bad scheduling moment is not a regression
 pytestmark = pytest.mark.flaky(reruns=2)

@@ -86,7 +86,7 @@ def test_file_summary_and_view(fast_sim: Any, tmp_path: Path) -> None:
     assert len(lines) == 2, result.stderr
     assert "chat model-a" in lines[0] and "chat model-b" in lines[1]
     env = clean_env()
-    module = subprocess.run([sys.executable, "-m", "otel_llm.cli.main", "view", "--width", "120"],
+    module = subprocess.run([sys.executable, "-m", "otel_llm.tools.main", "view", "--width", "120"],
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
     assert module.returncode == 0, module.stderr
     _check_view(module.stdout)
@@ -125,7 +125,7 @@ def test_traces_file_variable(fast_sim: Any, tmp_path: Path) -> None:
     _run(cwd, fast_sim, OTEL_LLM_TRACES_FILE=str(target))
     assert not (cwd / DEFAULT_FILE).exists()
     _check_file(target)
-    view = subprocess.run([sys.executable, "-m", "otel_llm.cli.main", "view", "--width", "120"], cwd=cwd,
+    view = subprocess.run([sys.executable, "-m", "otel_llm.tools.main", "view", "--width", "120"], cwd=cwd,
                           env=clean_env(OTEL_LLM_TRACES_FILE=str(target)), capture_output=True, text=True, timeout=30)
     assert view.returncode == 0, view.stderr
     _check_view(view.stdout)

@@ -19,6 +19,6 @@ def test_quickstart_then_view(tmp_path: Path) -> None:
     assert run.stdout.strip()  # the model's answer reached the application
     summaries = [line for line in run.stderr.splitlines() if line.startswith("otel-llm ")]
     assert len(summaries) == 1 and "llama.cpp" in summaries[0]
-    view = subprocess.run([sys.executable, "-m", "otel_llm.cli.main", "view", "--last", "1"], cwd=tmp_path,
+    view = subprocess.run([sys.executable, "-m", "otel_llm.tools.main", "view", "--last", "1"], cwd=tmp_path,
                           capture_output=True, text=True, check=True)
     assert "runtime.prefill" in view.stdout and "llm.first_token" in view.stdout

@@ -15,8 +15,8 @@ import pytest
 
 from otel_llm import semconv as sc
 from otel_llm.export.jsonl import read_jsonl
-from otel_llm.gateway.process import GatewayProcess
-from otel_llm.sim import SimProcess
+from otel_llm.tools.gateway.process import GatewayProcess
+from otel_llm.tools.sim import SimProcess
 from tests.helpers_servers import VENV_BIN, OtlpHttpCollector, Received, attributes_of, clean_env, walk_strings
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

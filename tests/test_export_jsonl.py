@@ -297,7 +297,7 @@ def test_view_reads_across_the_rotation(tmp_path: Path) -> None:
         _record_call(tracer, start=T0 + i * 1000 * MS)
     assert (tmp_path / "t.jsonl.1").exists()
     in_backup = sum(1 for s in read_jsonl(tmp_path / "t.jsonl.1") if s["name"] == "chat llama3")
-    done = subprocess.run([sys.executable, "-m", "otel_llm.cli.main", "view", "--ascii", str(path)],
+    done = subprocess.run([sys.executable, "-m", "otel_llm.tools.main", "view", "--ascii", str(path)],
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("chat llama3") == in_backup + sum(1 for s in read_jsonl(path) if s["name"] == "chat llama3")

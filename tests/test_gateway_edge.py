@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from otel_llm.gateway.process import GatewayProcess
+from otel_llm.tools.gateway.process import GatewayProcess
 from tests.helpers_servers import wait_for
 from tests.test_gateway_security import RecordingUpstream, Reply, _env, raw_request, request_bytes
 
@@ -343,7 +343,7 @@ def test_a_flood_of_bad_keys_costs_a_bounded_number_of_spans_and_lines(
 
 
 def test_refusal_budget_per_address_is_a_bounded_token_bucket(caplog: pytest.LogCaptureFixture) -> None:
-    from otel_llm.gateway.refusals import RefusalLimiter
+    from otel_llm.tools.gateway.refusals import RefusalLimiter
 
     now = [0.0]
     limiter = RefusalLimiter(rate=1.0, burst=3, max_addresses=2, clock=lambda: now[0])

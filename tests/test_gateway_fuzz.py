@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from otel_llm.gateway.process import GatewayProcess
+from otel_llm.tools.gateway.process import GatewayProcess
 from tests.test_gateway_security import RecordingUpstream
 
 TIMEOUT = 0.3  # the gateway's header, body and idle timeouts: an unfinished or kept-alive exchange ends quickly

@@ -29,8 +29,8 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from otel_llm.gateway.process import GatewayProcess
-from otel_llm.sim import SimProcess
+from otel_llm.tools.gateway.process import GatewayProcess
+from otel_llm.tools.sim import SimProcess
 
 # timing on a shared 2-core machine: one bad scheduling moment is not a regression
 pytestmark = pytest.mark.flaky(reruns=2)

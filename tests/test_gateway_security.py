@@ -29,7 +29,7 @@ import httpx
 import pytest
 
 from otel_llm import semconv as sc
-from otel_llm.gateway.process import GatewayProcess
+from otel_llm.tools.gateway.process import GatewayProcess
 from tests.helpers_servers import OtlpHttpCollector, Received, attributes_of, wait_for
 
 SPAN_KIND_SERVER = 2  # OTLP protobuf enum

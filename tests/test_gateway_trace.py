@@ -13,8 +13,8 @@ import pytest
 
 from otel_llm import semconv as sc
 from otel_llm.parse.server_timing import parse_server_timing
-from otel_llm.gateway.process import GatewayProcess
-from otel_llm.sim import SimProcess
+from otel_llm.tools.gateway.process import GatewayProcess
+from otel_llm.tools.sim import SimProcess
 from tests.conftest import Otel
 from tests.helpers_servers import OtlpHttpCollector, attributes_of
 

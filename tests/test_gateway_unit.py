@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from otel_llm.cli.main import main
-from otel_llm.gateway import keys as keys_module
-from otel_llm.gateway.auth import Denied, KeyStore, check_model, check_path, check_route, credentials
-from otel_llm.gateway.config import ENV_VARS, ConfigError, KeyPolicy, load_config
-from otel_llm.gateway.keys import KEY_PREFIX, digest_key, format_hash, generate_key, match_key, parse_hash
-from otel_llm.gateway.limits import Admission, KeyLimits, Rejected, TokenBucket
-from otel_llm.gateway.proxy import request_headers, response_headers
+from otel_llm.tools.main import main
+from otel_llm.tools.gateway import keys as keys_module
+from otel_llm.tools.gateway.auth import Denied, KeyStore, check_model, check_path, check_route, credentials
+from otel_llm.tools.gateway.config import ENV_VARS, ConfigError, KeyPolicy, load_config
+from otel_llm.tools.gateway.keys import KEY_PREFIX, digest_key, format_hash, generate_key, match_key, parse_hash
+from otel_llm.tools.gateway.limits import Admission, KeyLimits, Rejected, TokenBucket
+from otel_llm.tools.gateway.proxy import request_headers, response_headers
 
 UPSTREAM = "http://127.0.0.1:11434"
 _KEY_RE = re.compile(r"olk_[A-Za-z0-9_-]{43}")
@@ -386,7 +386,7 @@ def test_check_route_named_methods() -> None:
 
 @pytest.mark.parametrize("route", ["v1/*", "GET", "GET  ", "get; /v1/*", "GE-T /v1/*", "GET, /v1/*", ""])
 def test_malformed_routes_stop_the_config(route: str) -> None:
-    from otel_llm.gateway.config import split_route
+    from otel_llm.tools.gateway.config import split_route
 
     with pytest.raises(ValueError):
         split_route(route)
@@ -701,7 +701,7 @@ def test_request_headers_upstream_key_replaces_the_callers() -> None:
 def test_request_headers_replace_every_forwarding_claim_of_the_caller() -> None:
     """What a proxy would say (address, host, URL, method) is the gateway's to say: a caller's
     claims are dropped, in any case and with "_" for "-", and the gateway's own are set."""
-    from otel_llm.gateway.proxy import FORWARDING
+    from otel_llm.tools.gateway.proxy import FORWARDING
 
     claims = [(name, "6.6.6.6") for name in sorted(FORWARDING)]
     claims += [("X_Forwarded_For", "6.6.6.6"), ("x-real_ip", "6.6.6.6"), ("X-HTTP-Method-Override", "DELETE")]

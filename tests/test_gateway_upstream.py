@@ -1,4 +1,4 @@
-"""The gateway's upstream client (``otel_llm.gateway.upstream``) against real loopback servers.
+"""The gateway's upstream client (``otel_llm.tools.gateway.upstream``) against real loopback servers.
 
 The simulator (its own process) for real runtime answers and tracing; small asyncio servers
 written here, whose answers each test scripts byte for byte, for the edge cases: chunked and
@@ -24,13 +24,13 @@ from opentelemetry.metrics import NoOpMeterProvider
 from opentelemetry.trace import NoOpTracerProvider, SpanKind, StatusCode
 
 from otel_llm import semconv as sc
-from otel_llm.gateway.app import Gateway
-from otel_llm.gateway.config import GatewayConfig, KeyPolicy
-from otel_llm.gateway.keys import digest_key, generate_key
-from otel_llm.gateway.telemetry import GatewayTelemetry
-from otel_llm.gateway.upstream import HIGH_WATER, Response, Upstream
+from otel_llm.tools.gateway.app import Gateway
+from otel_llm.tools.gateway.config import GatewayConfig, KeyPolicy
+from otel_llm.tools.gateway.keys import digest_key, generate_key
+from otel_llm.tools.gateway.telemetry import GatewayTelemetry
+from otel_llm.tools.gateway.upstream import HIGH_WATER, Response, Upstream
 from otel_llm.instrumentor import current_telemetry
-from otel_llm.sim import SimProcess
+from otel_llm.tools.sim import SimProcess
 from tests.conftest import Otel, make_otel
 from tests.helpers_servers import ModelServer
 

@@ -1,6 +1,6 @@
 """The product on a runtime nobody here wrote: the real llama.cpp server with Gemma 3 270M.
 
-The server is built and started by the tests themselves (otel_llm.testing.LlamaServer), with one
+The server is built and started by the tests themselves (otel_llm_testing.LlamaServer), with one
 slot (-np 1) so that concurrent requests queue inside it.
 """
 
@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from otel_llm import semconv as sc
-from otel_llm.testing import LlamaServer
+from otel_llm_testing import LlamaServer
 from tests.conftest import Otel
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.flaky(reruns=2)]
@@ -151,7 +151,7 @@ def test_long_prompt_costs_prefill_time(server: LlamaServer, otel: Otel) -> None
 
 
 def test_a_server_that_cannot_start_says_why() -> None:
-    from otel_llm.testing import LlamaServerError
+    from otel_llm_testing import LlamaServerError
 
     with pytest.raises(LlamaServerError) as failure:
         LlamaServer(extra_args=["--no-such-option"], startup_timeout=60).start()
@@ -160,7 +160,7 @@ def test_a_server_that_cannot_start_says_why() -> None:
 
 
 def test_the_build_is_portable() -> None:
-    from otel_llm.testing.llamacpp import cmake_args
+    from otel_llm_testing.llamacpp import cmake_args
 
     assert "-DGGML_NATIVE=OFF" in cmake_args()
     assert "AVX512" not in cmake_args() and "AMX" not in cmake_args()
@@ -169,7 +169,7 @@ def test_the_build_is_portable() -> None:
 def test_one_trace_through_the_gateway_to_llama_server(server: LlamaServer, otel: Otel, tmp_path) -> None:
     """openai client -> otel-llm gateway -> llama-server: one tree, with llama.cpp's own timings
     on the gateway's upstream call."""
-    from otel_llm.gateway.process import GatewayProcess
+    from otel_llm.tools.gateway.process import GatewayProcess
     from tests.helpers_servers import OtlpHttpCollector, attributes_of
 
     env = {"OTEL_LLM_HOST_METRICS": "false", "OTEL_LLM_RUNTIME_METRICS": "false",

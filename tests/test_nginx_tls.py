@@ -22,9 +22,9 @@ import httpx
 import pytest
 
 from otel_llm import semconv as sc
-from otel_llm.gateway.process import GatewayProcess
-from otel_llm.testing import LlamaServer
-from otel_llm.testing.nginx import SHIPPED_CONF, NginxProxy
+from otel_llm.tools.gateway.process import GatewayProcess
+from otel_llm_testing import LlamaServer
+from otel_llm_testing.nginx import SHIPPED_CONF, NginxProxy
 from tests.conftest import Otel
 from tests.helpers_servers import OtlpHttpCollector, attributes_of, clean_env, wait_for
 
@@ -209,7 +209,7 @@ def test_diagnose_names_buffering_and_the_slower_path_only_where_they_are(
     """Direct, the gateway, nginx+TLS as shipped, nginx holding the stream, and nginx reaching the
     gateway over a link with 100 ms each way: buffering is named on the one, network_path on the
     other, and nothing of either on the three healthy paths."""
-    from otel_llm.diagnose.lab import DelayingProxy
+    from otel_llm.tools.diagnose.lab import DelayingProxy
 
     host, port = gateway.url.removeprefix("http://").split(":")
     delayed_link = DelayingProxy(host, int(port), 0.1).start()
@@ -224,7 +224,7 @@ def test_diagnose_names_buffering_and_the_slower_path_only_where_they_are(
             out = tmp_path / "diagnose.json"
             env = clean_env(GATEWAY_KEY=gateway.secrets["app"], SSL_CERT_FILE=str(cafile),
                             OTEL_LLM_TRACES_FILE=str(tmp_path / "t.jsonl"))
-            done = subprocess.run([sys.executable, "-m", "otel_llm.cli.main", "diagnose", *urls, "--model", "gemma",
+            done = subprocess.run([sys.executable, "-m", "otel_llm.tools.main", "diagnose", *urls, "--model", "gemma",
                                    "--quick", "--trials", "5", "--max-concurrency", "1", "--auth-env", "GATEWAY_KEY",
                                    "--json", str(out)],
                                   capture_output=True, text=True, timeout=600, env=env, check=False)

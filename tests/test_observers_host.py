@@ -160,7 +160,7 @@ def test_this_process_is_reported(observed: Observed) -> None:
 
 # -- runtime discovery --------------------------------------------------------------------------
 def test_llama_server_is_found_by_port(observed: Observed, monkeypatch: pytest.MonkeyPatch) -> None:
-    from otel_llm.testing import LlamaServer
+    from otel_llm_testing import LlamaServer
 
     name_scans: list[int] = []
 

@@ -12,7 +12,7 @@ import pytest
 
 import otel_llm
 from otel_llm import semconv as sc
-from otel_llm.testing import LlamaServer
+from otel_llm_testing import LlamaServer
 from tests.conftest import Otel, make_otel
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.flaky(reruns=2)]
@@ -185,7 +185,7 @@ def test_ollama_partial_offload_and_context_on_the_call(sim, tmp_path) -> None:
     length, the parameter size, the expiry and the partial offload, which otel-llm view prints."""
     import ollama
 
-    from otel_llm.cli.view import render_calls
+    from otel_llm.tools.view import render_calls
     from otel_llm.export.jsonl import JsonLinesSpanExporter, read_jsonl
     from tests.conftest import configure_sim
 

@@ -64,7 +64,7 @@ def test_a_killed_and_restarted_llamacpp_server(caplog: pytest.LogCaptureFixture
     """Counted once, logged once, and the first call after it carries the span event (the call
     before it, and the one after, do not)."""
     from otel_llm.instrumentor import current_telemetry
-    from otel_llm.testing import LlamaServer
+    from otel_llm_testing import LlamaServer
 
     reset_log_once()
     state = make_otel()

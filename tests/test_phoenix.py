@@ -3,7 +3,7 @@ simulator and exports OTLP (http/protobuf and gRPC) to Arize Phoenix; the spans 
 through Phoenix's REST API and must form the documented tree.
 
 The first run installs Phoenix into its own virtualenv under ~/.cache/otel-llm (see
-otel_llm.testing.phoenix): hence the generous timeout.
+otel_llm_testing.phoenix): hence the generous timeout.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from otel_llm import semconv as sc
-from otel_llm.sim import SimProcess
-from otel_llm.testing.phoenix import PhoenixServer
+from otel_llm.tools.sim import SimProcess
+from otel_llm_testing.phoenix import PhoenixServer
 from tests.helpers_servers import clean_env, run_python
 
 pytestmark = pytest.mark.timeout(900)
@@ -165,7 +165,7 @@ def test_streamed_calls_reach_phoenix_as_one_tree_per_call(phoenix: PhoenixServe
 
 
 ROOT = Path(__file__).resolve().parents[1]
-README_SERVE = "python -m otel_llm.testing.phoenix        # UI and OTLP/HTTP on 127.0.0.1:6006, OTLP/gRPC on 4317"
+README_SERVE = "python -m otel_llm_testing.phoenix        # UI and OTLP/HTTP on 127.0.0.1:6006, OTLP/gRPC on 4317"
 README_SEND = "OTEL_LLM_ENDPOINT=http://127.0.0.1:6006 OTEL_METRICS_EXPORTER=none python examples/openai_client.py"
 
 
@@ -181,11 +181,11 @@ def test_readme_phoenix_commands(upstream: SimProcess, tmp_path: Path) -> None:
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert README_SERVE in readme and README_SEND in readme
-    from otel_llm.testing.llamacpp import free_port
+    from otel_llm_testing.llamacpp import free_port
 
     port, grpc_port = free_port(), free_port()
     env = clean_env()
-    server = subprocess.Popen([sys.executable, "-m", "otel_llm.testing.phoenix", "--port", str(port),
+    server = subprocess.Popen([sys.executable, "-m", "otel_llm_testing.phoenix", "--port", str(port),
                                "--grpc-port", str(grpc_port)], env={**env, "PYTHONPATH": str(ROOT)},
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

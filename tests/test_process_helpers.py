@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from otel_llm._process import run_install_step
+from otel_llm_testing.subprocesses import run_install_step
 
 PRINTS = "import sys\nfor i in range(45): print(f'Collecting pkg{i}')\nprint('Installing collected packages: a, b, c')"
 
@@ -42,7 +42,7 @@ def test_private_venv_installs_once_and_redoes_an_interrupted_install(tmp_path: 
     executable returned from the cache afterwards, a failed step raised with the log's tail."""
     import os
 
-    from otel_llm._process import private_venv
+    from otel_llm_testing.subprocesses import private_venv
 
     class Failed(RuntimeError):
         pass

@@ -31,14 +31,14 @@ def test_every_option_and_variable_is_documented() -> None:
 
 
 def test_every_diagnose_code_is_documented() -> None:
-    from otel_llm.diagnose.verdicts import CODES
+    from otel_llm.tools.diagnose.verdicts import CODES
 
     for code in CODES:
         assert f"| `{code}` |" in README, code
 
 
 def test_every_gateway_setting_is_documented() -> None:
-    from otel_llm.gateway.config import ENV_VARS as GATEWAY_VARS
+    from otel_llm.tools.gateway.config import ENV_VARS as GATEWAY_VARS
 
     for setting, variable in GATEWAY_VARS.items():
         assert f"| `{setting}` | `{variable}`" in README, setting

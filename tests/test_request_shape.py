@@ -9,7 +9,7 @@ import json
 import openai
 
 from otel_llm import semconv as sc
-from otel_llm.cli.view import group_calls, render_call
+from otel_llm.tools.view import group_calls, render_call
 from otel_llm.export.jsonl import flatten_spans
 from otel_llm.parse import routes as r
 from otel_llm.parse.request import parse_request

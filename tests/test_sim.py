@@ -1,4 +1,4 @@
-"""Tests for otel_llm.sim: wire framing per route, injected timings, control endpoints, real SDKs."""
+"""Tests for otel_llm.tools.sim: wire framing per route, injected timings, control endpoints, real SDKs."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from otel_llm.sim import SimConfig, SimProcess, SimServer
-from otel_llm.sim.cli import add_arguments, config_from_args
+from otel_llm.tools.sim import SimConfig, SimProcess, SimServer
+from otel_llm.tools.sim.cli import add_arguments, config_from_args
 
 # timing on a shared 2-core machine: one bad scheduling moment is not a regression
 pytestmark = pytest.mark.flaky(reruns=2)

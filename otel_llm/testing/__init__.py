@@ -1,5 +1,0 @@
-"""Helpers for trying otel_llm against real runtimes (tests, demo, examples)."""
-
-from otel_llm.testing.llamacpp import LlamaServer, LlamaServerError, model_path
-
-__all__ = ["LlamaServer", "LlamaServerError", "model_path"]

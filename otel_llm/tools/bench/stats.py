@@ -1,0 +1,150 @@
+"""Per-level figures with the definitions of ``vllm bench serve``, goodput, the SLO and the knee.
+
+* TTFT: request sent -> first content chunk; ITL: every gap between consecutive content chunks
+  (percentiles over all gaps of the level); TPOT: (E2EL - TTFT) / (output tokens - 1) per
+  request; E2EL: the whole request.
+* Throughput over the level's duration (first send to last end): requests/s, output tokens/s,
+  total (input + output) tokens/s, all of successful requests.
+* Goodput: successful requests per second meeting every SLO (``ttft``, ``tpot``, ``e2el``, in
+  seconds). A level meets the SLO when at least ``attainment`` of the requests it sent (failures
+  count as misses) meet every SLO.
+* Percentiles interpolate linearly between closest ranks (numpy's default, as vLLM's).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from otel_llm.tools.bench.load import LevelResult, RequestRecord
+
+__all__ = ["SLO_KEYS", "knee", "parse_slo", "percentile", "summarize"]
+
+SLO_KEYS = ("ttft", "tpot", "e2el")
+PERCENTILES = (50, 90, 99)
+KNEE_GAIN = 0.10  # a level that adds less than this share of throughput is past the knee
+
+
+def percentile(values: Sequence[float], p: float) -> float | None:
+    """The p-th percentile (0..100), linear between closest ranks; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * p / 100
+    lo, hi = math.floor(rank), math.ceil(rank)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (rank - lo)
+
+
+def _dist(values: Sequence[float]) -> dict[str, float | None]:
+    out: dict[str, float | None] = {"mean": sum(values) / len(values) if values else None}
+    for p in PERCENTILES:
+        out[f"p{p}"] = percentile(values, p)
+    return out
+
+
+def parse_slo(text: str) -> dict[str, float]:
+    """``ttft=0.5,tpot=0.05`` -> {"ttft": 0.5, "tpot": 0.05} (seconds); ValueError with a message."""
+    slo: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        key = key.strip().lower()
+        if not sep or key not in SLO_KEYS:
+            raise ValueError(f"bad SLO {part!r}: use {', '.join(k + '=SECONDS' for k in SLO_KEYS)}")
+        try:
+            seconds = float(value)
+        except ValueError:
+            raise ValueError(f"bad SLO {part!r}: {value!r} is not a number of seconds") from None
+        if not math.isfinite(seconds) or seconds <= 0:
+            raise ValueError(f"bad SLO {part!r}: the limit must be a positive number of seconds")
+        slo[key] = seconds
+    if not slo:
+        raise ValueError("empty SLO")
+    return slo
+
+
+def meets(record: RequestRecord, slo: Mapping[str, float]) -> bool:
+    """A successful request within every limit (a TPOT that cannot be computed is within)."""
+    if not record.ok:
+        return False
+    values = {"ttft": record.ttft, "tpot": record.tpot, "e2el": record.e2el}
+    return all(values[k] is None and k == "tpot" or (values[k] is not None and values[k] <= limit)
+               for k, limit in slo.items())
+
+
+def summarize(result: LevelResult, slo: Mapping[str, float] | None = None,
+              attainment: float = 0.9) -> dict[str, Any]:
+    """The level's figures (seconds, tokens, per second) as the report and the JSON show them."""
+    records = result.records
+    ok = [r for r in records if r.ok and r.e2el is not None]
+    failed = [r for r in records if r.failure is not None]
+    duration = result.duration
+    out_tokens = sum(r.output_tokens or 0 for r in ok)
+    in_tokens = sum(r.input_tokens or 0 for r in ok)
+    lags = [r.lag for r in records if r.e2el is not None or r.failure is not None]
+    summary: dict[str, Any] = {
+        "level": result.level.label, "concurrency": result.level.concurrency, "rate": _finite(result.level.rate),
+        "sent": len(records), "completed": len(ok), "failed": len(failed),
+        "unfinished": len(records) - len(ok) - len(failed),
+        "failures": dict(Counter(r.failure for r in failed)),
+        "retries": sum(r.retries for r in records),
+        "duration": duration,
+        "request_throughput": len(ok) / duration if duration > 0 else None,
+        "output_throughput": out_tokens / duration if duration > 0 else None,
+        "total_token_throughput": (out_tokens + in_tokens) / duration if duration > 0 else None,
+        "output_tokens": out_tokens, "input_tokens": in_tokens,
+        "ttft": _dist([r.ttft for r in ok if r.ttft is not None]),
+        "tpot": _dist([t for r in ok if (t := r.tpot) is not None]),
+        "itl": _dist([gap for r in ok for gap in r.itl]),
+        "e2el": _dist([r.e2el for r in ok if r.e2el is not None]),
+        "lag": _dist(lags), "generator_cpu_share": result.cpu_share, "stopped": result.stopped,
+    }
+    if result.memory is not None:
+        summary["runtime_memory"] = result.memory
+    native = _native(ok)
+    if native:
+        summary["native"] = native
+    if slo:
+        good = [r for r in ok if meets(r, slo)]
+        summary["goodput"] = len(good) / duration if duration > 0 else None
+        summary["slo_attainment"] = len(good) / len(records) if records else None
+        summary["meets_slo"] = bool(records) and len(good) >= attainment * len(records)
+    return summary
+
+
+# the runtime's own figures a level summarizes (its records keep every llm.runtime.* they got)
+NATIVE_SUMMARY = {
+    "queue_duration": "llm.runtime.queue_duration", "load_duration": "llm.runtime.load_duration",
+    "prompt_eval_duration": "llm.runtime.prompt_eval_duration", "prompt_eval_rate": "llm.runtime.prompt_eval_rate",
+    "generation_rate": "llm.runtime.generation_rate", "total_duration": "llm.runtime.total_duration",
+}
+
+
+def _native(records: Sequence[RequestRecord]) -> dict[str, Any]:
+    """Per figure the runtime reported: mean and percentiles over the requests that have it."""
+    out: dict[str, Any] = {}
+    names = {r.native.get("llm.runtime.name") for r in records} - {None}
+    if names:
+        out["runtime"] = sorted(str(n) for n in names)
+    for name, key in NATIVE_SUMMARY.items():
+        values = [float(v) for r in records if isinstance(v := r.native.get(key), (int, float))
+                  and not isinstance(v, bool) and math.isfinite(v)]
+        if values:
+            out[name] = _dist(values)
+    return out
+
+
+def knee(summaries: Sequence[Mapping[str, Any]]) -> int | None:
+    """Index of the last level before output throughput stops growing (gain < KNEE_GAIN), None
+    when it grows to the end (or fewer than two levels)."""
+    rates = [s.get("output_throughput") for s in summaries]
+    for i in range(1, len(rates)):
+        before, now = rates[i - 1], rates[i]
+        if before and now is not None and now < before * (1 + KNEE_GAIN):
+            return i - 1
+    return None
+
+
+def _finite(value: float | None) -> float | str | None:
+    return "inf" if value == math.inf else value

@@ -1,0 +1,117 @@
+"""Run the gateway: its telemetry (core instrumentation included) and uvicorn."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+from typing import Any
+
+import otel_llm
+from otel_llm.config import ENV_VARS as CORE_ENV_VARS
+from otel_llm.config import resolve
+from otel_llm.export.providers import build_providers
+from otel_llm.tools.gateway.app import MAX_HEADER_BYTES, Gateway
+from otel_llm.tools.gateway.config import ConfigError, GatewayConfig
+from otel_llm.tools.gateway.telemetry import GatewayTelemetry, access_logger
+from otel_llm.instrumentor import current_telemetry
+
+__all__ = ["build_app", "serve"]
+
+DEFAULT_SERVICE_NAME = "otel-llm-gateway"
+
+
+def _upstream_key(config: GatewayConfig) -> str | None:
+    if not config.upstream_key_env:
+        return None
+    value = os.environ.get(config.upstream_key_env)
+    if not value:
+        raise ConfigError(f"upstream_key_env names ${config.upstream_key_env}, which is not set")
+    return value
+
+
+def build_app(config: GatewayConfig, **instrument_options: Any) -> tuple[Gateway, Any]:
+    """The ASGI app and the providers behind its telemetry (flushed at lifespan shutdown).
+
+    The core instrumentation is switched on in this process with the same providers, so the
+    upstream call becomes a child of the gateway's SERVER span."""
+    defaults: dict[str, Any] = {}
+    if not os.environ.get(CORE_ENV_VARS["service_name"]):
+        defaults["service_name"] = DEFAULT_SERVICE_NAME
+    if not os.environ.get(CORE_ENV_VARS["console_summary"]):
+        defaults["console_summary"] = False  # the access log already has one line per request
+    options = {**defaults, **instrument_options}
+    providers = build_providers(resolve(options))
+    runtimes = {config.upstream.rstrip("/"): config.runtime} if config.runtime else None
+    otel_llm.instrument(**{**options, "tracer_provider": providers.tracer_provider,
+                           "meter_provider": providers.meter_provider,
+                           **({"runtimes": runtimes} if runtimes else {})})
+    core = current_telemetry()
+    if core is not None:
+        core.relaying()
+        core.watch(config.upstream)  # its runtime is recognized before the first request ends (vLLM)
+    key = _upstream_key(config)
+    holder: dict[str, Gateway] = {}
+    telemetry = GatewayTelemetry(providers.tracer_provider, providers.meter_provider,
+                                 access_logger(config.access_log, config.access_log_max_bytes, config.access_log_backups),
+                                 lambda: holder["app"].admission.depth)
+    app = holder["app"] = Gateway(config, telemetry, key,
+                                  on_shutdown=[otel_llm.uninstrument, providers.shutdown])
+    return app, providers
+
+
+def serve(config: GatewayConfig) -> int:
+    """Serve until SIGINT/SIGTERM; in-flight requests get a few seconds to finish."""
+    try:
+        import uvicorn
+    except ImportError:
+        print("otel-llm gateway needs uvicorn: pip install 'otel-llm[gateway]'", file=sys.stderr)
+        return 2
+    try:
+        sock = _listen(config.listen_host, config.listen_port)
+    except OSError as exc:
+        print(f"otel-llm gateway: cannot listen on {config.listen}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    app, providers = build_app(config)
+    from otel_llm.tools.gateway.edge import EdgeLimits, edge_protocol
+
+    limits = EdgeLimits(MAX_HEADER_BYTES, config.header_timeout, config.max_connections,
+                        config.max_connections_per_client)
+    server_config = uvicorn.Config(
+        app, lifespan="on", access_log=False, server_header=False, date_header=False, log_level="warning",
+        timeout_graceful_shutdown=5, http=edge_protocol(limits), timeout_keep_alive=config.idle_timeout,  # type: ignore[arg-type]
+        proxy_headers=False,  # the gateway is the edge: the client is the TCP peer, not a header
+    )
+    host, port = sock.getsockname()[:2]
+    print(f"otel-llm gateway: listening on http://{_url_host(host)}:{port} -> {config.upstream} "
+          f"({len(config.keys)} key(s), {config.max_concurrency} upstream slot(s), queue {config.max_queue} "
+          f"for {config.max_queue_wait:g} s)", file=sys.stderr, flush=True)
+    # uvicorn restores this handler after draining and re-raises the SIGTERM it caught: a
+    # requested, completed graceful stop then exits 0 instead of dying by the signal.
+    signal.signal(signal.SIGTERM, _exit_cleanly)
+    uvicorn.Server(server_config).run(sockets=[sock])  # telemetry is flushed at lifespan shutdown
+    return 0
+
+
+def _exit_cleanly(signum: int, frame: Any) -> None:
+    raise SystemExit(0)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """Bind here rather than in uvicorn, so port 0 works and the real port can be printed."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on accepted sockets whose proto is TCP.
+    # Without it Nagle holds each write that follows an unacknowledged one (a body after its
+    # head, a frame after the last) until the client's delayed ACK: up to 40 ms per answer.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
