@@ -110,6 +110,8 @@ def _encode_link(link: Link) -> dict[str, Any]:
 
 def _encode_span(span: ReadableSpan) -> dict[str, Any]:
     ctx = span.get_span_context()
+    if ctx is None:  # the SDK's ReadableSpan allows it; OTLP needs the span's ids
+        raise ValueError(f"span {span.name!r} has no span context")
     out: dict[str, Any] = {
         "traceId": format(ctx.trace_id, "032x"),
         "spanId": format(ctx.span_id, "016x"),
@@ -313,7 +315,7 @@ def flatten_spans(spans: Sequence[ReadableSpan]) -> list[dict[str, Any]]:
 
 
 def _flatten_request(request: Mapping[str, Any]) -> list[dict[str, Any]]:
-    out = []
+    out: list[dict[str, Any]] = []
     for rs in request["resourceSpans"]:
         resource = _decode_attributes((rs.get("resource") or {}).get("attributes"))
         for ss in rs.get("scopeSpans", []):

@@ -63,7 +63,7 @@ def _handled_elsewhere(logger: logging.Logger) -> bool:
             return True
         if not current.propagate:
             return False
-        current = current.parent  # type: ignore[assignment]
+        current = current.parent
     return False
 
 
@@ -138,7 +138,7 @@ def format_summary(
 ) -> str:
     """Format one model call as a single line; parts whose attributes are absent are left out."""
     attrs = attributes
-    code = int(getattr(status_code, "value", status_code))
+    code = status_code.value if isinstance(status_code, StatusCode) else int(status_code)
     failed = code == StatusCode.ERROR.value or sc.ERROR_TYPE in attrs
     # The server hugs the name ("chat gemma3 @host:port"); other parts are two-space separated.
     head = " ".join(p for p in (_call_name(attrs) or "model call", _server(attrs)) if p)

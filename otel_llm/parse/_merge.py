@@ -60,9 +60,9 @@ class Merge:
 def count(v: object) -> int | None:
     """A non-negative int64 token count; integral finite floats count; bools do not."""
     if v.__class__ is int:  # the common case first
-        return v if 0 <= v <= INT64_MAX else None  # type: ignore[operator,return-value]
-    if v.__class__ is float and math.isfinite(v) and v.is_integer():  # type: ignore[arg-type]
-        return count(int(v))  # type: ignore[arg-type]
+        return v if 0 <= v <= INT64_MAX else None
+    if v.__class__ is float and math.isfinite(v) and v.is_integer():
+        return count(int(v))
     return None
 
 
@@ -71,7 +71,7 @@ def text(v: object) -> str | None:
     return v if isinstance(v, str) and v else None
 
 
-def as_dict(v: object) -> dict:
+def as_dict(v: object) -> dict[str, Any]:
     return v if isinstance(v, dict) else {}
 
 
@@ -79,7 +79,7 @@ def keep(new: int | None, old: int | None) -> int | None:
     return old if new is None else new
 
 
-def clean(d: dict, depth: int = 0) -> dict[str, Any]:
+def clean(d: Mapping[str, Any], depth: int = 0) -> dict[str, Any]:
     """Scalars and nested dicts of ``d``; lists, non-finite floats and huge ints dropped."""
     out: dict[str, Any] = {}
     isfinite = math.isfinite

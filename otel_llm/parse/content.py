@@ -48,7 +48,7 @@ def _tgi(o: dict[str, Any]) -> str | None:
     return None
 
 
-_DELTA: dict[str, Callable[[dict[str, Any]], Any]] = {
+_DELTA: dict[str, Callable[[dict[str, Any]], object]] = {  # the value as sent: callers check it
     routes.API_OPENAI_CHAT: _openai_chat,
     routes.API_OPENAI_COMPLETIONS: _openai_completions,
     routes.API_OPENAI_RESPONSES: _responses,
@@ -94,7 +94,7 @@ def stream_text(api: str, data: bytes, ndjson: bool) -> str | None:
     """Joined generated text of a captured stream; SGLang's cumulative text is taken last-wins."""
     objects = _objects(data, ndjson)
     if api == routes.API_TGI_GENERATE:  # SGLang /generate: each event repeats the text so far
-        texts = [o.get("text") for o in objects if isinstance(o.get("text"), str)]
+        texts = [text for o in objects if isinstance(text := o.get("text"), str)]
         return texts[-1][:MAX_TEXT_CHARS] if texts else None
     delta = _DELTA.get(api, _openai_chat)
     parts = []

@@ -33,7 +33,7 @@ class _ZlibStep:
 
     def __init__(self, wbits: int) -> None:
         self._wbits = wbits
-        self._obj: Any = zlib.decompressobj(wbits)
+        self._obj: zlib._Decompress = zlib.decompressobj(wbits)
         self._sniffed = wbits != zlib.MAX_WBITS  # only deflate has two framings to tell apart
 
     def __call__(self, data: bytes, budget: int) -> bytes:

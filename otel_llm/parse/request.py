@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from otel_llm.parse import routes as r
 from otel_llm.parse.request_shape import RequestShape, request_shape
@@ -27,6 +28,8 @@ _PARAM_BLOCKS = ("options", "parameters", "sampling_params")
 _MAX_TOKEN_KEYS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "n_predict")
 _NESTED_MAX_TOKEN_KEYS = ("num_predict", "max_new_tokens", "max_tokens")
 
+_T = TypeVar("_T")
+
 
 @dataclass(slots=True)
 class RequestInfo:
@@ -41,7 +44,7 @@ class RequestInfo:
     top_k: int | None = None
     seed: int | None = None
     stop_sequences: list[str] | None = None
-    messages: list | None = None
+    messages: list[Any] | None = None
     system: object | None = None
     keep_alive: object | None = None
     body_bytes: int | None = None
@@ -124,16 +127,16 @@ def _unescape(raw: bytes) -> str | None:
 def _int(v: object) -> int | None:
     """An int that fits int64; integral finite floats count; bools do not."""
     if v.__class__ is int:
-        return v if -_INT64_MAX - 1 <= v <= _INT64_MAX else None  # type: ignore[operator]
-    if v.__class__ is float and math.isfinite(v) and v.is_integer():  # type: ignore[arg-type]
-        return _int(int(v))  # type: ignore[arg-type]
+        return v if -_INT64_MAX - 1 <= v <= _INT64_MAX else None
+    if v.__class__ is float and math.isfinite(v) and v.is_integer():
+        return _int(int(v))
     return None
 
 
 def _float(v: object) -> float | None:
     """A finite float from an int or float; bools do not count."""
     if v.__class__ is float:
-        return v if math.isfinite(v) else None  # type: ignore[arg-type]
+        return v if math.isfinite(v) else None
     if v.__class__ is int:
         f = _int(v)
         return float(f) if f is not None else None
@@ -158,7 +161,7 @@ def _stops(v: object) -> list[str] | None:
 
 
 def _finite(v: object) -> object | None:
-    if v.__class__ is float and not math.isfinite(v):  # type: ignore[arg-type]
+    if v.__class__ is float and not math.isfinite(v):
         return None
     return v
 
@@ -166,7 +169,7 @@ def _finite(v: object) -> object | None:
 # --- field extraction -----------------------------------------------------------------------
 
 
-def _fill(api: str, d: dict, info: RequestInfo) -> None:
+def _fill(api: str, d: dict[str, Any], info: RequestInfo) -> None:
     blocks = [b for b in (d.get(k) for k in _PARAM_BLOCKS) if isinstance(b, dict)]
     info.model = _str(d.get("model"))
     info.stream = _bool(d.get("stream"))
@@ -185,7 +188,10 @@ def _fill(api: str, d: dict, info: RequestInfo) -> None:
         info.keep_alive = _finite(d.get("keep_alive"))
 
 
-def _first(conv: Any, key: str, d: dict, blocks: list[dict]) -> Any:
+def _first(
+    conv: Callable[[object], _T | None], key: str, d: Mapping[str, object],
+    blocks: Sequence[Mapping[str, object]],
+) -> _T | None:
     for src in (d, *blocks):
         value = src.get(key)
         if value is not None:  # most keys are absent: no conversion call for them
@@ -195,7 +201,7 @@ def _first(conv: Any, key: str, d: dict, blocks: list[dict]) -> Any:
     return None
 
 
-def _max_tokens(d: dict, blocks: list[dict]) -> int | None:
+def _max_tokens(d: Mapping[str, object], blocks: Sequence[Mapping[str, object]]) -> int | None:
     candidates = [d.get(k) for k in _MAX_TOKEN_KEYS]
     candidates += [b.get(k) for b in blocks for k in _NESTED_MAX_TOKEN_KEYS]
     for value in candidates:
@@ -207,7 +213,7 @@ def _max_tokens(d: dict, blocks: list[dict]) -> int | None:
     return None
 
 
-def _stop_sequences(d: dict, blocks: list[dict]) -> list[str] | None:
+def _stop_sequences(d: Mapping[str, object], blocks: Sequence[Mapping[str, object]]) -> list[str] | None:
     for src in (d, *blocks):
         for key in ("stop_sequences", "stop"):
             value = src.get(key)
@@ -217,10 +223,11 @@ def _stop_sequences(d: dict, blocks: list[dict]) -> list[str] | None:
     return None
 
 
-def _messages(d: dict) -> list | None:
+def _messages(d: Mapping[str, object]) -> list[Any] | None:
     """Chat messages as sent; a prompt/input string becomes one user message."""
-    if isinstance(d.get("messages"), list):
-        return d["messages"]
+    messages = d.get("messages")
+    if isinstance(messages, list):
+        return messages
     for key in ("input", "prompt", "inputs", "text"):
         value = d.get(key)
         if isinstance(value, str):
@@ -230,7 +237,7 @@ def _messages(d: dict) -> list | None:
     return None
 
 
-def _system(d: dict) -> object | None:
+def _system(d: Mapping[str, object]) -> object | None:
     """Anthropic ``system``, Responses ``instructions``, LM Studio ``system_prompt``."""
     for key in ("system", "instructions", "system_prompt"):
         value = d.get(key)

@@ -36,7 +36,7 @@ class RequestShape:
     attachments: int = 0
 
 
-def request_shape(doc: dict[str, Any], messages: list | None, system: object | None) -> RequestShape:
+def request_shape(doc: dict[str, Any], messages: list[Any] | None, system: object | None) -> RequestShape:
     """The shape of a parsed body, given the messages and system prompt ``parse_request`` found."""
     shape = RequestShape()
     try:
@@ -57,7 +57,7 @@ def request_shape(doc: dict[str, Any], messages: list | None, system: object | N
     return shape
 
 
-def _messages(shape: RequestShape, messages: list | None) -> None:
+def _messages(shape: RequestShape, messages: list[Any] | None) -> None:
     if not isinstance(messages, list):
         return
     shape.messages = len(messages)

@@ -140,11 +140,13 @@ def _loads(data: bytes) -> Any:
         return None
 
 
-def _decode_event(event: object) -> list[tuple[str | None, dict]]:
+def _decode_event(event: object) -> list[tuple[str | None, dict[str, Any]]]:
     """JSON objects carried by one event (normally one)."""
     raw = _as_bytes(event)
     if len(raw) > MAX_BODY_BYTES:
         return []
+    name: str | None
+    data: bytes | None
     if raw.lstrip()[:1] in (b"{", b"["):  # NDJSON line
         name, data, lines = None, raw, raw.split(b"\n")
     else:
@@ -166,7 +168,7 @@ def _decode_event(event: object) -> list[tuple[str | None, dict]]:
 # --- value coercion -------------------------------------------------------------------------
 
 
-def _list(v: object) -> list:
+def _list(v: object) -> list[Any]:
     return v if isinstance(v, list) else []
 
 
@@ -181,7 +183,7 @@ def _first(*values: object) -> int | None:
 # --- merging --------------------------------------------------------------------------------
 
 
-def _merge(acc: Merge, o: dict, event: str | None) -> None:
+def _merge(acc: Merge, o: dict[str, Any], event: str | None) -> None:
     """Merge one JSON object (a body, chunk, NDJSON line or SSE event payload)."""
     typ = _str(o.get("type")) or event
     _merge_error(acc, o, "error" if event == "error" else typ)
@@ -198,7 +200,7 @@ def _merge(acc: Merge, o: dict, event: str | None) -> None:
         _merge_object(acc, o)
 
 
-def _merge_object(acc: Merge, o: dict) -> None:
+def _merge_object(acc: Merge, o: dict[str, Any]) -> None:
     info = acc.info
     info.response_id = info.response_id or _str(o.get("id")) or _str(o.get("response_id"))
     info.response_model = info.response_model or _str(o.get("model"))
@@ -217,7 +219,7 @@ def _merge_object(acc: Merge, o: dict) -> None:
                 break
 
 
-def _merge_choices(acc: Merge, choices: list) -> None:
+def _merge_choices(acc: Merge, choices: Sequence[object]) -> None:
     for pos, choice in enumerate(choices):
         if isinstance(choice, dict):
             reason = _str(choice.get("finish_reason"))
@@ -254,7 +256,7 @@ def _merge_usage(acc: Merge, u: object) -> None:
         info.reasoning_output_tokens = value
 
 
-def _details(u: dict, name: str, other: str) -> dict:
+def _details(u: Mapping[str, object], name: str, other: str) -> dict[str, Any]:
     """``u[name]`` if it is a non-empty dict, else ``u[other]`` if a dict, else empty."""
     details = u.get(name)
     if isinstance(details, dict) and details:
@@ -263,7 +265,7 @@ def _details(u: dict, name: str, other: str) -> dict:
     return details if isinstance(details, dict) else {}
 
 
-def _merge_responses(acc: Merge, o: dict) -> None:
+def _merge_responses(acc: Merge, o: Mapping[str, Any]) -> None:
     status = _str(o.get("status"))
     if status == "incomplete":
         acc.reason = _str(_dict(o.get("incomplete_details")).get("reason")) or status
@@ -274,13 +276,13 @@ def _merge_responses(acc: Merge, o: dict) -> None:
         acc.info.error = _truncate(_str(err.get("message")) or _str(err.get("code")) or "error")
 
 
-def _merge_error(acc: Merge, o: dict, typ: str | None) -> None:
+def _merge_error(acc: Merge, o: Mapping[str, Any], typ: str | None) -> None:
     msg = _error_message(o, typ)
     if msg:
         acc.info.error = _truncate(msg)
 
 
-def _error_message(o: dict, typ: str | None) -> str | None:
+def _error_message(o: Mapping[str, Any], typ: str | None) -> str | None:
     err = o.get("error")
     if isinstance(err, str):
         return err or None
@@ -299,7 +301,7 @@ def _error_message(o: dict, typ: str | None) -> str | None:
 # --- output text ----------------------------------------------------------------------------
 
 
-def _text_of(o: dict) -> str | None:
+def _text_of(o: Mapping[str, Any]) -> str | None:
     """The generated text of a complete response body, bounded to MAX_TEXT_CHARS."""
     parts = ["\n".join(_choice_texts(_list(o.get("choices"))))]
     for key in ("response", "generated_text", "text"):
@@ -321,7 +323,7 @@ def _text_of(o: dict) -> str | None:
     return text[:MAX_TEXT_CHARS] if text else None
 
 
-def _choice_texts(choices: list) -> list[str]:
+def _choice_texts(choices: Iterable[object]) -> list[str]:
     texts = []
     for c in choices:
         if isinstance(c, dict):

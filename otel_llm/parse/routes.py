@@ -59,9 +59,10 @@ _QUICK = (
 def match_route(path: str, extra_routes: Sequence[str] = ()) -> Route | None:
     """Return the Route for ``path`` (query already stripped), or None."""
     if path.__class__ is not str:
-        path = _as_str(path)
-        if path is None:
+        as_str = _as_str(path)
+        if as_str is None:
             return None
+        path = as_str
     if path.endswith("/") and len(path) > 1:
         path = path.rstrip("/")
     if path.endswith(_QUICK):
@@ -127,7 +128,7 @@ def _extra_suffixes(extra: Sequence[str]) -> tuple[str, ...]:
 
 
 @lru_cache(maxsize=64)
-def _normalize_extra(extra: tuple) -> tuple[str, ...]:
+def _normalize_extra(extra: tuple[object, ...]) -> tuple[str, ...]:
     out = []
     for item in extra:
         if isinstance(item, str):

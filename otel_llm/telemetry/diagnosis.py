@@ -144,9 +144,9 @@ def bottleneck(phases: list[Phase], unaccounted: float | None, counters: Runtime
         parts.append(("buffering" if held else "queue" if concurrent else ("prefill" if streaming else "decode"),
                       waiting))
     shares: dict[str, float] = {}
-    for name, seconds in parts:
-        if seconds:
-            shares[name] = shares.get(name, 0.0) + seconds
+    for name, share in parts:
+        if share:
+            shares[name] = shares.get(name, 0.0) + share
     return max(shares, key=shares.__getitem__) if shares else None
 
 

@@ -17,6 +17,7 @@ restart noticed before the call started is the one use), stamped with the call's
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Mapping
 
 from opentelemetry import trace
@@ -24,6 +25,8 @@ from opentelemetry.context import Context
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import Tracer as SdkTracer
+
     from otel_llm.telemetry.phases import Phase
     from otel_llm.capture.call import LlmCall
 
@@ -50,7 +53,7 @@ class CallSpan:
 class SdkSpanSink:
     """Builds finished ``ReadableSpan`` trees for the SDK tracer's processors."""
 
-    def __init__(self, tracer: Any) -> None:
+    def __init__(self, tracer: SdkTracer) -> None:
         from opentelemetry.sdk.trace import Event, ReadableSpan
 
         self._tracer = tracer
@@ -69,11 +72,15 @@ class SdkSpanSink:
         parent_context = current if current.is_valid else None
         trace_id = parent_context.trace_id if parent_context is not None else self._ids.generate_trace_id()
         result = self._tracer.sampler.should_sample(parent, trace_id, name, kind, attributes, ())
-        flags = TraceFlags(TraceFlags.SAMPLED if result.decision.is_sampled() else TraceFlags.DEFAULT)
+        # the SDK's Decision.is_sampled/is_recording have no annotations (opentelemetry-sdk 1.x)
+        flags = TraceFlags(
+            TraceFlags.SAMPLED if result.decision.is_sampled() else TraceFlags.DEFAULT  # type: ignore[no-untyped-call]
+        )
         context = SpanContext(trace_id, self._ids.generate_span_id(), False, flags, result.trace_state)
         if result.attributes:
             attributes = {**attributes, **result.attributes}
-        return CallSpan(context, parent_context, result.decision.is_recording(), name, attributes)
+        return CallSpan(context, parent_context, result.decision.is_recording(),  # type: ignore[no-untyped-call]
+                        name, attributes)
 
     def child_context(self, parent: SpanContext) -> SpanContext:
         return SpanContext(parent.trace_id, self._ids.generate_span_id(), False, parent.trace_flags,
@@ -90,7 +97,7 @@ class SdkSpanSink:
         ))
 
     def finish(self, call: LlmCall, span: CallSpan, error: str | None,
-               phases: list[Phase], phase_attributes: list[PhaseAttributes]) -> None:
+               phases: Sequence[Phase], phase_attributes: Sequence[PhaseAttributes]) -> None:
         if not span.recording:
             return
         context = span.context
@@ -110,7 +117,7 @@ class SdkSpanSink:
 class ApiSpanSink:
     """Ordinary spans through the OpenTelemetry API, for tracers other than the SDK's."""
 
-    def __init__(self, tracer: Any) -> None:
+    def __init__(self, tracer: trace.Tracer) -> None:
         self._tracer = tracer
 
     def start(self, name: str, attributes: dict[str, Any], start_time: int) -> CallSpan:
@@ -118,7 +125,7 @@ class ApiSpanSink:
         return CallSpan(live.get_span_context(), None, live.is_recording(), name, attributes, live)
 
     def finish(self, call: LlmCall, span: CallSpan, error: str | None,
-               phases: list[Phase], phase_attributes: list[PhaseAttributes]) -> None:
+               phases: Sequence[Phase], phase_attributes: Sequence[PhaseAttributes]) -> None:
         live = span.live
         if not span.recording:
             live.end()
@@ -127,10 +134,10 @@ class ApiSpanSink:
         for name, attributes in span.events or ():
             live.add_event(name, attributes, timestamp=call.epoch0)
         context = trace.set_span_in_context(live)
-        for phase, attributes in zip(phases, phase_attributes):
+        for phase, child_attributes in zip(phases, phase_attributes):
             child = self._tracer.start_span(
                 phase.name, context=context, kind=SpanKind.INTERNAL,
-                start_time=call.to_epoch(phase.start_ns), attributes=attributes,
+                start_time=call.to_epoch(phase.start_ns), attributes=child_attributes,
             )
             child.set_status(_phase_status(phase, error))
             child.end(end_time=call.to_epoch(phase.end_ns))
@@ -150,7 +157,7 @@ def _call_status(error: str | None) -> Status:
     return Status(StatusCode.ERROR, error) if error else _UNSET
 
 
-def make_sink(tracer: Any) -> SdkSpanSink | ApiSpanSink:
+def make_sink(tracer: trace.Tracer) -> SdkSpanSink | ApiSpanSink:
     """The cheap SDK sink when ``tracer`` is the SDK's own (and enabled), else the API sink."""
     try:
         from opentelemetry.sdk.trace import Tracer as SdkTracer

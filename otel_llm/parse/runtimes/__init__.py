@@ -15,6 +15,7 @@ report from the usage block. It never raises.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any
 from types import ModuleType
 
 from otel_llm.parse._merge import Merge, ResponseInfo
@@ -39,7 +40,7 @@ OBSERVED: dict[str, Observed] = {a.NAME: a.OBSERVED for a in _ADAPTERS}
 # (keys, reader): parse.response hands each JSON object holding one of the keys to the reader, in
 # this order; a reader returning True has claimed the object and the later ones skip it (SGLang's
 # answers are not TGI's)
-RESPONSE_READERS: tuple[tuple[tuple[str, ...], Callable[[Merge, dict], bool | None]], ...] = tuple(
+RESPONSE_READERS: tuple[tuple[tuple[str, ...], Callable[[Merge, dict[str, Any]], bool | None]], ...] = tuple(
     (a.RESPONSE_KEYS, a.merge_object) for a in (ollama, llamacpp, lmstudio, sglang, tgi)
 )
 # diagnose's detection, first proof wins: llama.cpp's /props first (specific to it), Ollama
@@ -116,7 +117,8 @@ def _read(
     adapter: ModuleType, info: ResponseInfo, headers: Mapping[str, str] | None
 ) -> RuntimeCounters:
     try:
-        return adapter.read(info, headers)
+        counters: RuntimeCounters = adapter.read(info, headers)  # a module: its read is Any to mypy
+        return counters
     except Exception:  # noqa: BLE001
         log.debug("otel_llm: %s counters failed", adapter.__name__, exc_info=True)
         return RuntimeCounters(runtime=adapter.NAME)

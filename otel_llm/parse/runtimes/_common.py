@@ -137,17 +137,17 @@ class RuntimeCounters:
 # --- raw access -----------------------------------------------------------------------------
 
 
-def as_dict(v: object) -> dict:
+def as_dict(v: object) -> dict[str, Any]:
     """``v`` if it is a dict, else an empty dict."""
     return v if isinstance(v, dict) else {}
 
 
-def native_of(info: object) -> dict:
+def native_of(info: object) -> dict[str, Any]:
     """``info.native`` when it is a dict."""
     return as_dict(getattr(info, "native", None))
 
 
-def get(d: Mapping, key: str) -> Any:
+def get(d: Mapping[str, object], key: str) -> Any:
     """``d[key]``, or MISSING when absent."""
     try:
         return d.get(key, MISSING)
@@ -158,10 +158,9 @@ def get(d: Mapping, key: str) -> Any:
 _INT64_LIMIT = 2**63
 
 
-def drop(name: str, value: object, why: str) -> Any:
-    """Log one dropped value; always returns None (so callers can ``return drop(...)``)."""
+def drop(name: str, value: object, why: str) -> None:
+    """Log one dropped value (callers then return None)."""
     log.debug("otel_llm: runtime counter %s=%.80r dropped (%s)", name, value, why)
-    return None
 
 
 # --- numbers --------------------------------------------------------------------------------
@@ -170,7 +169,7 @@ def drop(name: str, value: object, why: str) -> Any:
 def _number(v: object) -> int | float | None:
     """An int or float from a JSON number or a numeric ASCII string; bools are not numbers."""
     if v.__class__ is int or v.__class__ is float:
-        return v  # type: ignore[return-value]
+        return v
     if isinstance(v, (bytes, bytearray)):
         v = bytes(v).decode("latin-1")
     if not isinstance(v, str) or not v.isascii() or not 0 < len(v) <= _MAX_NUMBER_CHARS:
@@ -197,13 +196,17 @@ def _non_negative(name: str, v: object) -> int | float | None:
         return None
     n = _number(v)
     if n is None:
-        return drop(name, v, "not a number")
+        drop(name, v, "not a number")
+        return None
     if n.__class__ is int and n > _INT64_LIMIT:
-        return drop(name, v, "too large")
+        drop(name, v, "too large")
+        return None
     if not math.isfinite(n):
-        return drop(name, v, "not finite")
+        drop(name, v, "not finite")
+        return None
     if n < 0:
-        return drop(name, v, "negative")
+        drop(name, v, "negative")
+        return None
     return n
 
 
@@ -217,21 +220,24 @@ def seconds(name: str, v: object, per_second: float = 1.0) -> float | None:
         return None
     s = n / per_second
     if s > MAX_SECONDS:
-        return drop(name, v, "absurdly long")
+        drop(name, v, "absurdly long")
+        return None
     return float(s)
 
 
 def tokens(name: str, v: object) -> int | None:
     """A whole, plausible token count."""
-    if v.__class__ is int and 0 <= v <= MAX_TOKENS:  # type: ignore[operator]
-        return v  # type: ignore[return-value]
+    if v.__class__ is int and 0 <= v <= MAX_TOKENS:
+        return v
     n = _non_negative(name, v)
     if n is None:
         return None
     if n.__class__ is float and not n.is_integer():
-        return drop(name, v, "not a whole number")
+        drop(name, v, "not a whole number")
+        return None
     if n > MAX_TOKENS:
-        return drop(name, v, "absurdly large")
+        drop(name, v, "absurdly large")
+        return None
     return int(n)
 
 
@@ -244,7 +250,8 @@ def rate(name: str, v: object) -> float | None:
     if n is None:
         return None
     if n > MAX_RATE:
-        return drop(name, v, "absurdly large")
+        drop(name, v, "absurdly large")
+        return None
     return float(n)
 
 
@@ -267,7 +274,8 @@ def flag(name: str, v: object) -> bool | None:
         return None
     if isinstance(v, bool):
         return v
-    return drop(name, v, "not a boolean")
+    drop(name, v, "not a boolean")
+    return None
 
 
 def evaluated(name: str, total: int | None, cached: int | None) -> int | None:
@@ -275,24 +283,27 @@ def evaluated(name: str, total: int | None, cached: int | None) -> int | None:
     if total is None or cached is None:
         return total
     if cached > total:
-        return drop(name, (total, cached), "cached > total")
+        drop(name, (total, cached), "cached > total")
+        return None
     return total - cached
 
 
 # --- tables -------------------------------------------------------------------------------
 
 
-def fill(c: RuntimeCounters, src: Mapping, spec: Iterable[Field], prefix: str) -> None:
+def fill(c: RuntimeCounters, src: Mapping[str, object], spec: Iterable[Field], prefix: str) -> None:
     """For each (attribute, key, reader) set c.attribute from src[key] unless already set.
     Absent keys are skipped: every reader gives None for MISSING."""
-    lookup = src.get if src.__class__ is dict else (lambda key, _default: get(src, key))
+    lookup: Callable[[str, object], object] = (
+        src.get if src.__class__ is dict else (lambda key, _default: get(src, key))
+    )
     for attr, key, reader in spec:
         value = lookup(key, MISSING)
         if value is not MISSING and getattr(c, attr) is None:
             setattr(c, attr, reader(f"{prefix}.{key}", value))
 
 
-def reasons_of(info: object) -> list | None:
+def reasons_of(info: object) -> list[Any] | None:
     """info.finish_reasons when it is a non-empty list."""
     reasons = getattr(info, "finish_reasons", None)
     return reasons if isinstance(reasons, list) and reasons else None

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from otel_llm.parse import _merge as m
 from otel_llm.parse._merge import ResponseInfo
@@ -69,7 +70,7 @@ def read(info: ResponseInfo, headers: Mapping[str, str] | None = None) -> Runtim
 _STOP_FLAGS = (("stopped_eos", "eos"), ("stopped_word", "word"), ("stopped_limit", "limit"))
 
 
-def merge_object(acc: m.Merge, o: dict) -> None:
+def merge_object(acc: m.Merge, o: dict[str, Any]) -> None:
     """``timings`` (any API) and /completion's stop, truncated and token fields."""
     timings = o.get("timings")
     if isinstance(timings, dict):
@@ -90,7 +91,7 @@ def merge_object(acc: m.Merge, o: dict) -> None:
         acc.reason = m.text(o.get("stop_type")) or _stop_flags(o) or acc.reason
 
 
-def _stop_flags(o: dict) -> str | None:
+def _stop_flags(o: Mapping[str, object]) -> str | None:
     """Older llama.cpp builds: stopped_eos / stopped_word / stopped_limit booleans."""
     for key, reason in _STOP_FLAGS:
         if o.get(key) is True:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from otel_llm.parse import _merge as m
 from otel_llm.parse._merge import ResponseInfo
@@ -57,7 +58,7 @@ _STATS_KEYS = (
 )
 
 
-def merge_object(acc: m.Merge, o: dict) -> None:
+def merge_object(acc: m.Merge, o: dict[str, Any]) -> None:
     """``stats`` (kept, its stop reason only a fallback) and the v1 model fields."""
     acc.info.response_model = acc.info.response_model or m.text(o.get("model_instance_id"))
     stats = o.get("stats")

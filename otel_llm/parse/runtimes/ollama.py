@@ -6,6 +6,7 @@ Durations are integer nanoseconds; zero values are omitted by Ollama, so absent 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from otel_llm.parse import _merge as m
 from otel_llm.parse._merge import ResponseInfo
@@ -56,7 +57,7 @@ _COUNTERS = (
 )
 
 
-def merge_object(acc: m.Merge, o: dict) -> None:
+def merge_object(acc: m.Merge, o: dict[str, Any]) -> None:
     """The final ``done:true`` object: reason, token counts, the counters kept as they came."""
     if o.get("done") is not True:
         return
@@ -89,7 +90,7 @@ def _bytes(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
-def ps_model(entry: Mapping) -> ModelInfo | None:
+def ps_model(entry: Mapping[str, Any]) -> ModelInfo | None:
     """One entry of ``GET /api/ps`` (a loaded model): its name, context length, quantization
     level, parameter size, size, size in VRAM and expiry; None without a name."""
     name = text_or_none(entry.get("name")) or text_or_none(entry.get("model"))
@@ -127,7 +128,7 @@ SHOW_PATH = "/api/show"  # POST {"model": name}: side-effect free, the model's f
 _F16_BYTES = 2  # Ollama's default KV cache type (OLLAMA_KV_CACHE_TYPE=f16)
 
 
-def _shape_int(info: Mapping, arch: str, key: str) -> int | None:
+def _shape_int(info: Mapping[str, object], arch: str, key: str) -> int | None:
     value = info.get(f"{arch}.{key}")
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 

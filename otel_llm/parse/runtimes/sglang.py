@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from otel_llm.parse import _merge as m
 from otel_llm.parse._merge import ResponseInfo
@@ -51,13 +52,13 @@ def read(info: ResponseInfo, headers: Mapping[str, str] | None = None) -> Runtim
     return c
 
 
-def _reason(meta: dict) -> object:
+def _reason(meta: Mapping[str, object]) -> object:
     fr = meta.get("finish_reason")
     return as_dict(fr).get("type") if isinstance(fr, dict) else fr
 
 
 # --- reading its answers (parse.response) ---------------------------------------------------
-def merge_object(acc: m.Merge, o: dict) -> bool:
+def merge_object(acc: m.Merge, o: dict[str, Any]) -> bool:
     """``meta_info``: id, finish reason (an abort's message is the error), token counts. An object
     with it is SGLang's whatever else it holds (``details``, ``text``): True, read no further."""
     meta = m.as_dict(o.get("meta_info"))

@@ -7,6 +7,7 @@ Streamed responses carry no timing headers.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from otel_llm.parse import _merge as m
 from otel_llm.parse._merge import ResponseInfo
@@ -98,7 +99,7 @@ def _safe_headers(headers: Mapping[str, str] | None) -> dict[str, object]:
 _SENTINELS = ("x-compute-type", "x-total-time", "x-generated-tokens", "x-prompt-tokens")
 
 
-def merge_object(acc: m.Merge, o: dict) -> None:
+def merge_object(acc: m.Merge, o: dict[str, Any]) -> None:
     """``details`` (kept; reason and counts), or the bare text / token objects of its own API."""
     details = o.get("details")
     if isinstance(details, dict):
