@@ -1,7 +1,7 @@
 """The client matrix: every client path the tests drive, what it runs on, and what it sees.
 
 The README's "Clients" table is generated from ``CASES`` and checked against it
-(``tests/test_readme.py``); ``tests/test_client_matrix.py`` drives each case against the
+(``tests/project/test_readme.py``); ``tests/capture/test_client_matrix.py`` drives each case against the
 simulator and the real llama.cpp server. A driver makes one chat call the way an application
 would and returns the text the application received.
 """
@@ -18,8 +18,8 @@ from typing import Any, Callable
 OPENAI, OLLAMA = "openai", "ollama"  # the API a case speaks: OpenAI chat or Ollama /api/chat
 
 # The phases each transport gives a call. The matrix test checks the plain-HTTP ones for every
-# case (DNS, connect, upload, server wait, first token, decode); tests/test_transports.py and
-# tests/test_tls.py the TLS and pool-wait ones per transport.
+# case (DNS, connect, upload, server wait, first token, decode); tests/capture/test_transports.py and
+# tests/capture/test_tls.py the TLS and pool-wait ones per transport.
 TRANSPORT_PHASES = {
     "httpcore": "pool wait, DNS, connect, TLS, upload, server wait, first token, decode",
     "aiohttp": "pool wait, DNS, connect (TLS inside it), upload, server wait, first token, decode",

@@ -23,6 +23,13 @@ from opentelemetry.trace import SpanKind
 
 import otel_llm
 from otel_llm._log import reset_log_once
+from otel_llm_testing import markers
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before the test's fixtures: what it may start (a real runtime or backend needs its marker)."""
+    markers.allow(mark.name for mark in item.iter_markers())
 
 
 @dataclass

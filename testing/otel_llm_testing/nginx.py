@@ -19,6 +19,7 @@ from pathlib import Path
 
 from otel_llm.tools.process import terminate
 from otel_llm_testing.llamacpp import free_port
+from otel_llm_testing.markers import need
 
 __all__ = ["NGINX", "SHIPPED_CONF", "NginxError", "NginxProxy", "ensure_nginx", "render"]
 
@@ -93,6 +94,7 @@ class NginxProxy:
         return (self._dir / "site.conf").read_text()
 
     def start(self) -> NginxProxy:
+        need("backend", "nginx")
         binary = ensure_nginx()
         self.port = free_port()
         site = render(self.conf.read_text(), self.port, self.upstream, self.cert, self.key)

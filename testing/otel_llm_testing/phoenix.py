@@ -44,6 +44,7 @@ import httpx
 
 from otel_llm_testing.subprocesses import private_venv, start_logged, terminate, wait_until_ok
 from otel_llm_testing.llamacpp import DEFAULT_CACHE, free_port
+from otel_llm_testing.markers import need
 
 __all__ = ["PHOENIX_VERSION", "PhoenixError", "PhoenixServer", "phoenix_executable"]
 
@@ -119,6 +120,7 @@ class PhoenixServer:
         return [str(phoenix_executable(self.cache_dir)), "serve"]
 
     def start(self) -> PhoenixServer:
+        need("backend", "Arize Phoenix")
         command = self.command()  # installs first if needed: before any port is picked
         chosen = (self.port, self.grpc_port)
         for attempt in range(3):

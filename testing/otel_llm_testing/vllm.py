@@ -38,6 +38,7 @@ from pathlib import Path
 
 from otel_llm_testing.subprocesses import private_venv, start_logged, wait_until_ok
 from otel_llm_testing.llamacpp import DEFAULT_CACHE, free_port
+from otel_llm_testing.markers import need
 
 __all__ = ["VLLM_VERSION", "VllmError", "VllmServer", "model_dir", "vllm_python"]
 
@@ -169,6 +170,7 @@ class VllmServer:
         return {**env, **self.extra_env}  # the caller's settings win (OTEL_SERVICE_NAME...)
 
     def start(self) -> VllmServer:
+        need("runtime", "a real vLLM")
         chosen = self.port
         for attempt in range(3):
             self.port = chosen or free_port()

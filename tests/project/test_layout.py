@@ -1,0 +1,134 @@
+"""The layout: the README's Layout section matches the tree, the SDK never imports a tool, and the
+packages import each other without a cycle or a reach into another package's private module."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _layout_section() -> str:
+    text = (ROOT / "README.md").read_text()
+    start = text.index("\n## Layout\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end > 0 else None]
+
+
+def _packages() -> list[str]:
+    """Every package directory of the repository's Python code, as a path relative to the root."""
+    found = []
+    for init in [*ROOT.glob("otel_llm/**/__init__.py"), *ROOT.glob("testing/**/__init__.py")]:
+        found.append(init.parent.relative_to(ROOT).as_posix() + "/")
+    return sorted(found)
+
+
+def _tracked_top_level() -> set[str]:
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    lines = [line for line in files.splitlines() if "/" in line]
+    test_folders = {"/".join(line.split("/")[:2]) + "/" for line in lines
+                    if line.startswith("tests/") and line.count("/") > 1}
+    return {line.split("/")[0] + "/" for line in lines} | test_folders
+
+
+def test_the_layout_section_names_every_folder_and_package() -> None:
+    section = _layout_section()
+    named = set(re.findall(r"`([\w.-]+(?:/[\w.-]+)*/)`", section))
+    missing = sorted((_tracked_top_level() | set(_packages())) - named - {
+        p for p in _packages() if p.startswith("otel_llm/tools/") and p.count("/") > 3})
+    assert not missing, f"not in the README's Layout section: {missing}"
+
+
+def test_every_path_the_layout_section_names_exists() -> None:
+    section = _layout_section()
+    paths = set(re.findall(r"`((?:\.ci|otel_llm|testing|tests|tools|benchmarks|examples|dashboards|deploy|"
+                           r"collector-config)/[\w./-]*)`", section))
+    assert len(paths) > 15
+    assert not sorted(p for p in paths if not (ROOT / p).exists())
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT / "testing" if path.is_relative_to(ROOT / "testing") else ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _sources() -> dict[str, Path]:
+    paths = [*ROOT.glob("otel_llm/**/*.py"), *ROOT.glob("testing/otel_llm_testing/**/*.py")]
+    return {_module_name(path): path for path in paths}
+
+
+def _imports() -> dict[str, set[str]]:
+    """module -> the otel_llm modules it imports (``from a import b``: ``a.b`` where that is a
+    module, else ``a``), relative imports resolved."""
+    sources = _sources()
+    found: dict[str, set[str]] = {}
+    for module, path in sources.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*anchor, *([base] if base else [])])
+                names.update(f"{base}.{a.name}" if f"{base}.{a.name}" in sources else base for a in node.names)
+        found[module] = {n for n in names if n.startswith("otel_llm") and n in sources}
+    return found
+
+
+def _package_of(module: str) -> str:
+    """The folder a module belongs to: otel_llm.capture, otel_llm.tools.bench, otel_llm (top level)..."""
+    parts = module.split(".")
+    if parts[0] == "otel_llm_testing":
+        return "otel_llm_testing"
+    depth = 3 if parts[:2] == ["otel_llm", "tools"] else 2
+    return ".".join(parts[:depth])  # a top-level module (otel_llm.config) is a node of its own
+
+
+def test_the_sdk_never_imports_a_tool_or_a_test_helper() -> None:
+    bad = {module: sorted(n for n in names if n.startswith(("otel_llm.tools", "otel_llm_testing")))
+           for module, names in _imports().items()
+           if not module.startswith(("otel_llm.tools", "otel_llm_testing")) and module != "otel_llm.gateway"}
+    assert not any(bad.values()), {k: v for k, v in bad.items() if v}
+
+
+def test_no_module_imports_another_package_s_private_module() -> None:
+    bad = []
+    for module, names in _imports().items():
+        for target in names:
+            if not target.rpartition(".")[2].startswith("_") or target.endswith("__main__"):
+                continue
+            owner = target.rpartition(".")[0]
+            if not (module == owner or module.startswith(owner + ".")):
+                bad.append(f"{module} -> {target}")
+    assert not bad, sorted(set(bad))
+
+
+def test_no_cycle_between_packages() -> None:
+    graph: dict[str, set[str]] = defaultdict(set)
+    modules = set(_imports())
+    for module, names in _imports().items():
+        for name in names:
+            if _package_of(name) != _package_of(module):
+                graph[_package_of(module)].add(_package_of(name))
+    assert "otel_llm.tools.diagnose" in graph  # the graph is really built
+
+    def cycle_from(start: str) -> list[str] | None:
+        stack = [(start, [start])]
+        while stack:
+            node, path = stack.pop()
+            for nxt in graph.get(node, ()):
+                if nxt == start:
+                    return [*path, nxt]
+                if nxt not in path:
+                    stack.append((nxt, [*path, nxt]))
+        return None
+
+    cycles = [c for p in graph if (c := cycle_from(p))]
+    assert not cycles, cycles

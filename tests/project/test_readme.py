@@ -1,0 +1,44 @@
+"""The README stays honest about what is read from each runtime and about its option table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from otel_llm.config import ENV_VARS
+from otel_llm.parse.runtimes import SOURCES
+
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+
+
+def test_runtime_table_matches_the_adapters() -> None:
+    for runtime, source in SOURCES.items():
+        assert f"| {runtime} | {source} |" in README, runtime
+
+
+def test_clients_table_is_the_client_matrix() -> None:
+    """Each client the matrix test drives has its row, with the versions installed for the tests."""
+    from tests.clients import CASES
+
+    rows = [line for line in README.splitlines() if line.startswith("| ") and "|---" not in line]
+    start = rows.index("| client | version tested | transport underneath | phases seen |")
+    table = rows[start + 1: start + 1 + len(CASES)]
+    assert table == [case.readme_row() for case in CASES]
+
+
+def test_every_option_and_variable_is_documented() -> None:
+    for option, variable in ENV_VARS.items():
+        assert f"| `{option}` | `{variable}`" in README, option
+
+
+def test_every_diagnose_code_is_documented() -> None:
+    from otel_llm.tools.diagnose.verdicts import CODES
+
+    for code in CODES:
+        assert f"| `{code}` |" in README, code
+
+
+def test_every_gateway_setting_is_documented() -> None:
+    from otel_llm.tools.gateway.config import ENV_VARS as GATEWAY_VARS
+
+    for setting, variable in GATEWAY_VARS.items():
+        assert f"| `{setting}` | `{variable}`" in README, setting
