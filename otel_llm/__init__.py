@@ -6,39 +6,61 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from otel_llm.version import __version__
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import TracerProvider
 
 __all__ = ["__version__", "instrument", "is_instrumented", "uninstrument"]
 
 
-def instrument(**options: Any) -> None:
+def instrument(
+    *,
+    service_name: str | None = None,
+    endpoint: str | None = None,
+    protocol: str | None = None,
+    tracer_provider: TracerProvider | None = None,
+    meter_provider: MeterProvider | None = None,
+    capture_content: bool | None = None,
+    runtimes: Mapping[str, str] | str | None = None,
+    llm_routes: Sequence[str] | str | None = None,
+    traces_file: str | None = None,
+    traces_file_max_bytes: int | None = None,
+    traces_file_backups: int | None = None,
+    console_summary: bool | None = None,
+    host_metrics: bool | None = None,
+    gpu_metrics: bool | None = None,
+    runtime_metrics: bool | None = None,
+    poll_runtimes: str | None = None,
+    sample_interval: float | None = None,
+) -> None:
     """Start tracing model calls. Idempotent: a second call while instrumented does nothing.
 
-    Options (each also read from an ``OTEL_LLM_*`` environment variable, see the README):
-    ``service_name``, ``endpoint``, ``protocol``, ``tracer_provider``, ``meter_provider``,
-    ``capture_content``, ``runtimes``, ``llm_routes``, ``traces_file``, ``console_summary``, and
-    the observers' ``host_metrics``, ``gpu_metrics``, ``runtime_metrics``, ``poll_runtimes``,
-    ``sample_interval``.
-    """
-    from otel_llm.instrumentor import OtelLlmInstrumentor
+    Every option left at None is read from its ``OTEL_LLM_*`` environment variable, else takes
+    its default (the README's Options table lists them). A misspelt option is a ``TypeError``; a
+    bad value is logged once and replaced by the default, never raised.
 
-    instrumentor = OtelLlmInstrumentor()
-    if not instrumentor.is_instrumented_by_opentelemetry:
-        instrumentor.instrument(**options)
+    HTTP libraries are not imported here: each is patched when the application imports it (at
+    once if it already has).
+    """
+    given = dict(locals())  # first: nothing but the parameters is bound yet
+    from otel_llm import _core
+
+    _core.instrument(**{name: value for name, value in given.items() if value is not None})
 
 
 def uninstrument() -> None:
     """Remove every hook, flush and shut down the providers otel_llm created."""
-    from otel_llm.instrumentor import OtelLlmInstrumentor
+    from otel_llm import _core
 
-    instrumentor = OtelLlmInstrumentor()
-    if instrumentor.is_instrumented_by_opentelemetry:
-        instrumentor.uninstrument()
+    _core.uninstrument()
 
 
 def is_instrumented() -> bool:
-    from otel_llm.instrumentor import OtelLlmInstrumentor
+    from otel_llm import _core
 
-    return bool(OtelLlmInstrumentor().is_instrumented_by_opentelemetry)
+    return _core.is_instrumented()

@@ -32,9 +32,9 @@ from urllib.parse import urlsplit
 
 from otel_llm._log import log_once
 from otel_llm.capture.call import END_CLOSED, END_EOF, CallRequest, LlmCall, perf_ns
-from otel_llm.capture.hooks import ClassAttribute, Patch, SinkGetter, body_bytes, optional_module, start_reaper, watch
+from otel_llm.capture.hooks import ClassAttribute, Patch, SinkGetter, Stack, body_bytes, loaded, start_reaper, watch
 
-__all__ = ["patches"]
+__all__ = ["STACKS", "patches"]
 
 
 class _Pending:
@@ -276,7 +276,7 @@ def _reader_class(stream_reader: type) -> type:
         if call is not None:
             call.finish_from_exception(exc)
 
-    class LlmStreamReader(stream_reader):  # type: ignore[misc,valid-type]
+    class LlmStreamReader(stream_reader):  # type: ignore[misc]
         __slots__ = ()  # same layout: assigned as __class__ of an existing reader
 
         async def read(self, n: int = -1) -> bytes:
@@ -326,11 +326,10 @@ def _reader_class(stream_reader: type) -> type:
 
 
 def patches(get_sink: SinkGetter) -> list[Patch | ClassAttribute]:
-    """The hooks, when aiohttp is installed."""
-    aiohttp = optional_module("aiohttp")
-    streams = optional_module("aiohttp.streams")
-    reqrep = optional_module("aiohttp.client_reqrep")
-    stream_reader = getattr(streams, "StreamReader", None)
+    """The hooks, once aiohttp and the submodules they patch are imported."""
+    aiohttp = loaded("aiohttp")
+    reqrep = loaded("aiohttp.client_reqrep")
+    stream_reader = getattr(loaded("aiohttp.streams"), "StreamReader", None)
     if aiohttp is None or stream_reader is None or reqrep is None:
         return []
     start_reaper()
@@ -342,3 +341,8 @@ def patches(get_sink: SinkGetter) -> list[Patch | ClassAttribute]:
         Patch(reqrep, "ClientResponse.release", _done_wrapper),
         Patch(reqrep, "ClientResponse.close", _done_wrapper),
     ]
+
+
+# aiohttp imports both submodules itself; naming them makes the patching wait for them if a
+# release ever imports them lazily
+STACKS: tuple[Stack, ...] = (Stack("aiohttp", ("aiohttp", "aiohttp.client_reqrep", "aiohttp.streams"), patches),)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import queue
+import sys
 import threading
 import weakref
 from types import ModuleType
@@ -17,8 +18,8 @@ from typing import Any, Callable, NamedTuple
 from otel_llm.capture.call import END_GC, CallSink, LlmCall, perf_ns
 
 __all__ = [
-    "ClassAttribute", "Patch", "SinkGetter", "body_bytes", "flush_collected", "optional_module", "start_reaper",
-    "timed_wait", "watch",
+    "ClassAttribute", "Patch", "SinkGetter", "Stack", "body_bytes", "flush_collected", "loaded", "optional_module",
+    "start_reaper", "timed_wait", "watch",
 ]
 
 SinkGetter = Callable[[], "CallSink | None"]
@@ -38,6 +39,17 @@ class ClassAttribute(NamedTuple):
     module: ModuleType | None
     target: str  # "Class.attribute"
     value: Any
+
+
+class Stack(NamedTuple):
+    """An HTTP stack an adapter patches once every module in ``modules`` is imported.
+
+    The application's own import of them triggers the patching (``capture.install``): ``patches``
+    reads them with ``loaded`` and must import nothing (it runs inside that import)."""
+
+    name: str
+    modules: tuple[str, ...]
+    patches: Callable[[SinkGetter], "list[Patch | ClassAttribute]"]
 
 
 def body_bytes(data: Any) -> bytes | None:
@@ -61,7 +73,13 @@ def timed_wait(call: LlmCall, wrapped: Any, args: Any, kwargs: Any) -> Any:
         call.pool_wait(start, perf_ns())
 
 
+def loaded(name: str) -> ModuleType | None:
+    """The module if it is imported, else None; never imports (see ``Stack``)."""
+    return sys.modules.get(name)
+
+
 def optional_module(name: str) -> ModuleType | None:
+    """The module, imported if need be, or None when it is not installed."""
     try:
         return importlib.import_module(name)
     except ImportError:

@@ -19,9 +19,9 @@ from typing import Any, Callable
 from otel_llm._log import log_once
 from otel_llm.capture import httpcore_dns
 from otel_llm.capture.call import CURRENT_CALL, END_CLOSED, END_EOF, CallRequest, LlmCall
-from otel_llm.capture.hooks import Patch, SinkGetter, optional_module, start_reaper, watch
+from otel_llm.capture.hooks import ClassAttribute, Patch, SinkGetter, Stack, loaded, start_reaper, watch
 
-__all__ = ["LIBRARIES", "patches"]
+__all__ = ["LIBRARIES", "STACKS"]
 
 # (httpx-like module, its httpcore-like module)
 LIBRARIES = (("httpx", "httpcore"), ("httpx2", "httpcore2"))
@@ -250,7 +250,7 @@ def _stream_classes(httpx_module: ModuleType) -> tuple[type, type]:
         async def __anext__(self) -> bytes:
             call = self._call
             try:
-                chunk = await self._iterator.__anext__()
+                chunk: bytes = await self._iterator.__anext__()
             except StopAsyncIteration:
                 call.finish(END_EOF)
                 raise
@@ -272,18 +272,27 @@ def _stream_classes(httpx_module: ModuleType) -> tuple[type, type]:
     return SyncLlmStream, AsyncLlmStream
 
 
-def patches(get_sink: SinkGetter) -> list[Patch]:
-    """The wrappers for every installed httpx-like library and its httpcore."""
-    result: list[Patch] = []
-    for client_name, core_name in LIBRARIES:
-        client, core = optional_module(client_name), optional_module(core_name)
-        if client is None or core is None:
-            continue
+def _client_stack(client_name: str) -> Stack:
+    """The transport wrappers of one httpx-like library, patched when it is imported. httpx 0.28
+    and httpx2 import their httpcore only when a transport is first built, so the httpcore side
+    is a stack of its own (``httpcore_dns.stack``), patched when that import happens."""
+
+    def patches(get_sink: SinkGetter) -> list[Patch | ClassAttribute]:
+        client = loaded(client_name)
+        if client is None:
+            return []
         start_reaper()
         sync_stream, async_stream = _stream_classes(client)
-        result += [
+        return [
             Patch(client, "HTTPTransport.handle_request", _sync_send_wrapper(get_sink, sync_stream)),
             Patch(client, "AsyncHTTPTransport.handle_async_request", _async_send_wrapper(get_sink, async_stream)),
-            *httpcore_dns.patches(core, core_name),
         ]
-    return result
+
+    return Stack(client_name, (client_name,), patches)
+
+
+# each httpx-like library and its httpcore, patched as each is imported
+STACKS: tuple[Stack, ...] = tuple(
+    stack for client_name, core_name in LIBRARIES
+    for stack in (_client_stack(client_name), httpcore_dns.stack(core_name))
+)

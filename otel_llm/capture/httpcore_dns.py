@@ -19,9 +19,9 @@ from types import ModuleType
 from typing import Any, Callable
 
 from otel_llm.capture.call import CURRENT_CALL, perf_ns
-from otel_llm.capture.hooks import Patch, optional_module, timed_wait
+from otel_llm.capture.hooks import ClassAttribute, Patch, SinkGetter, Stack, loaded, timed_wait
 
-__all__ = ["is_ip", "patches"]
+__all__ = ["is_ip", "patches", "stack"]
 
 
 def _sync_pool_wait_wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
@@ -132,13 +132,24 @@ def _async_connect_wrapper(core: ModuleType) -> Callable[..., Any]:
 
 
 def patches(core: ModuleType, core_name: str) -> list[Patch]:
-    """DNS and pool-wait timing for one httpcore-like module."""
+    """DNS and pool-wait timing for one httpcore-like module (already imported)."""
     return [
         Patch(core, "SyncBackend.connect_tcp", _sync_connect_wrapper(core)),
         Patch(core, "AnyIOBackend.connect_tcp", _async_connect_wrapper(core)),
-        # private modules: pool waits are simply not timed where they differ
-        Patch(optional_module(f"{core_name}._sync.connection_pool"), "PoolRequest.wait_for_connection",
+        # private modules, imported by the package itself: pool waits are simply not timed where
+        # they differ or are not imported
+        Patch(loaded(f"{core_name}._sync.connection_pool"), "PoolRequest.wait_for_connection",
               _sync_pool_wait_wrapper),
-        Patch(optional_module(f"{core_name}._async.connection_pool"), "AsyncPoolRequest.wait_for_connection",
+        Patch(loaded(f"{core_name}._async.connection_pool"), "AsyncPoolRequest.wait_for_connection",
               _async_pool_wait_wrapper),
     ]
+
+
+def stack(core_name: str) -> Stack:
+    """The httpcore-like library ``core_name``, patched when it is imported."""
+
+    def core_patches(get_sink: SinkGetter) -> list[Patch | ClassAttribute]:
+        core = loaded(core_name)
+        return list(patches(core, core_name)) if core is not None else []
+
+    return Stack(core_name, (core_name,), core_patches)

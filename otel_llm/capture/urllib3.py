@@ -25,10 +25,10 @@ from typing import Any, Callable
 
 from otel_llm._log import log_once
 from otel_llm.capture.call import CURRENT_CALL, END_CLOSED, END_EOF, CallRequest, LlmCall
-from otel_llm.capture.hooks import Patch, SinkGetter, body_bytes, optional_module, timed_wait
+from otel_llm.capture.hooks import ClassAttribute, Patch, SinkGetter, Stack, body_bytes, loaded, timed_wait
 from otel_llm.capture.httpcore_dns import is_ip
 
-__all__ = ["patches"]
+__all__ = ["STACKS", "patches"]
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 # On a model call's HTTPResponse (its own __dict__): the call, and whether one of the wrapped
@@ -147,7 +147,7 @@ def _create_connection(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> A
     host = host.strip("[]")
     if is_ip(host):
         return wrapped(*args, **kwargs)
-    util = optional_module("urllib3.util.connection")
+    util = loaded("urllib3.util.connection")
     family = util.allowed_gai_family() if util is not None else socket.AF_UNSPEC
     call.dns_started()
     infos = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)  # a failure ends the call in DNS
@@ -279,25 +279,32 @@ def _ended(response: Any) -> None:
         _end(response, call, END_EOF if _at_end(response) else END_CLOSED)
 
 
-def patches(get_sink: SinkGetter) -> list[Patch]:
-    """The hooks, when urllib3 2.x is installed (1.x lacks the body hooks: not covered)."""
-    urllib3 = optional_module("urllib3")
+def patches(get_sink: SinkGetter) -> list[Patch | ClassAttribute]:
+    """The hooks, once urllib3 2.x is imported (1.x lacks the body hooks: not covered)."""
+    urllib3 = loaded("urllib3")
     if urllib3 is None or not str(getattr(urllib3, "__version__", "1")).startswith("2"):
         return []
-    pool = optional_module("urllib3.connectionpool")
-    connection = optional_module("urllib3.connection")
-    response = optional_module("urllib3.response")
-    http_client = optional_module("http.client")
+    pool = loaded("urllib3.connectionpool")
+    connection = loaded("urllib3.connection")
     header_dict = urllib3.HTTPHeaderDict
     return [
         Patch(pool, "HTTPConnectionPool.urlopen", _urlopen_wrapper(get_sink, header_dict)),
         Patch(pool, "HTTPConnectionPool._get_conn", _pool_wait),
         Patch(connection, "HTTPConnection._new_conn",
               _timed(LlmCall.connect_started, lambda call, sock: call.connected(_peer(sock)))),
-        Patch(optional_module("urllib3.util.connection"), "create_connection", _create_connection),
+        Patch(loaded("urllib3.util.connection"), "create_connection", _create_connection),
         Patch(connection, "_ssl_wrap_socket_and_match_hostname", _timed(LlmCall.tls_started, _tls_done)),
         Patch(connection, "HTTPConnection.request",
               _timed(LlmCall.request_started, lambda call, result: call.request_sent())),
-        Patch(http_client, "HTTPConnection.getresponse", _timed(None, _head)),
-        Patch(response, "HTTPResponse.__init__", _response_init),
+        # urllib3.connection imports http.client (the standard library: no hook of its own)
+        Patch(loaded("http.client"), "HTTPConnection.getresponse", _timed(None, _head)),
+        Patch(loaded("urllib3.response"), "HTTPResponse.__init__", _response_init),
     ]
+
+
+# urllib3 imports all of these itself; naming them makes the patching wait for them if a release
+# ever imports one lazily
+STACKS: tuple[Stack, ...] = (
+    Stack("urllib3", ("urllib3", "urllib3.connectionpool", "urllib3.connection", "urllib3.response",
+                      "urllib3.util.connection"), patches),
+)

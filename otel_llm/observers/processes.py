@@ -163,7 +163,7 @@ class RuntimeProcesses:
                 continue
             proc = _process(pid)
             runtime = _runtime_of(proc, name) if proc is not None else None
-            if runtime is not None:
+            if proc is not None and runtime is not None:
                 found[pid] = (proc, runtime)
         return found
 

@@ -54,10 +54,13 @@ runtime process listening at a server (a restarted runtime), its endpoints start
 The polls are not model routes, so otel_llm's own instrumentation ignores them, and they run with
 OpenTelemetry's HTTP instrumentation suppressed (no span per poll from an application's
 opentelemetry-instrumentation-httpx). The client ignores proxy settings (``trust_env=False``).
+It is created, and httpx and the Prometheus parser are imported, at the first poll: a process
+that never reaches a pollable server never imports them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -67,12 +70,10 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
-from opentelemetry.instrumentation.utils import suppress_http_instrumentation
+from opentelemetry import context
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
-from prometheus_client.parser import text_string_to_metric_families
 
 from otel_llm import semconv as sc
 from otel_llm._log import logger
@@ -81,6 +82,9 @@ from otel_llm.observers.poll_policy import PollPolicy
 from otel_llm.observers.registry import Server, ServerRegistry
 from otel_llm.parse.runtimes import MODEL_RUNTIMES, OBSERVED, model_info, ollama
 from otel_llm.parse import runtimes as rt
+
+if TYPE_CHECKING:
+    import httpx
 
 from otel_llm.semconv import (  # noqa: F401 - names callers import from here too
     METRIC_RUNTIME_REQUESTS_RUNNING, METRIC_RUNTIME_REQUESTS_WAITING,
@@ -114,6 +118,33 @@ MAX_FAILURES = 5  # consecutive failures of an endpoint before it is no longer p
 MAX_SLEEP = 60.0  # the poller wakes at least this often (a server noted meanwhile wakes it too)
 IDLE_INTERVAL = 15.0  # between polls while the application makes no model call (a scrape's pace)
 TIMEOUT = 1.0
+
+
+def _http_suppressed() -> contextlib.AbstractContextManager[Any]:
+    """OpenTelemetry's HTTP instrumentation suppressed for the polls: the key every contrib HTTP
+    instrumentation checks, set without importing ``opentelemetry.instrumentation``."""
+    key = getattr(context, "_SUPPRESS_HTTP_INSTRUMENTATION_KEY", None)
+    if key is None:  # an API release that moved it: the public helper
+        from opentelemetry.instrumentation.utils import suppress_http_instrumentation
+
+        return suppress_http_instrumentation()
+    return _attached(context.set_value(key, True))
+
+
+def _callback(observe: Callable[[], Iterable[Observation]]) -> Callable[[CallbackOptions], Iterable[Observation]]:
+    """An OpenTelemetry callback that reports what ``observe`` yields at each collection."""
+    return lambda options: list(observe())
+
+
+@contextlib.contextmanager
+def _attached(ctx: context.Context) -> Iterator[None]:
+    token = context.attach(ctx)
+    try:
+        yield
+    finally:
+        context.detach(token)
+
+
 _OTEL_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_./-]{0,254}\Z")
 _COUNTER, _GAUGE = "counter", "gauge"
 
@@ -161,7 +192,7 @@ class RuntimeStateObserver:
         self.interval = interval
         self.activity = activity  # when given, polls slow to IDLE_INTERVAL while no call is made
         self._own_client = client is None
-        self._client = client or httpx.Client(timeout=TIMEOUT, trust_env=False)
+        self._client: httpx.Client | None = client  # created at the first poll (see ``_http``)
         self._states: dict[tuple[str, int], _State] = {}
         self._recognized: dict[tuple[str, int], str] = {}  # server -> runtime, see runtime_of
         self._kinds: dict[str, str] = {}  # lower-cased instrument name -> kind
@@ -191,7 +222,7 @@ class RuntimeStateObserver:
         thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
-        if self._own_client:
+        if self._own_client and self._client is not None:
             try:
                 self._client.close()
             except Exception:
@@ -247,7 +278,7 @@ class RuntimeStateObserver:
         self._forget_unpolled({(s.host, s.port) for s in servers})
         # an application's own HTTP instrumentation (opentelemetry-instrumentation-httpx) would
         # trace every poll: these requests are ours, not the application's
-        with self._poll_lock, suppress_http_instrumentation():
+        with self._poll_lock, _http_suppressed():
             for server in servers:
                 if self._stop.is_set():
                     return
@@ -351,6 +382,8 @@ class RuntimeStateObserver:
         families, text = None, ""
         if body is not None:
             try:
+                from prometheus_client.parser import text_string_to_metric_families
+
                 text = body.decode("utf-8", errors="replace")
                 families = list(text_string_to_metric_families(text))
             except Exception as exc:
@@ -368,9 +401,11 @@ class RuntimeStateObserver:
 
     def _fetch(self, server: Server, state: _State, path: str, accept: str) -> bytes | None:
         """The body of a 2xx answer, or None (the failure counted for the endpoint's back-off)."""
+        import httpx  # imported by the first poll, not by instrument()
+
         url = f"{server.base_url}{path}"
         try:
-            response = self._client.get(url, headers={"Accept": accept}, timeout=TIMEOUT)
+            response = self._http().get(url, headers={"Accept": accept}, timeout=TIMEOUT)
         except httpx.HTTPError as exc:
             self._failed(server, state, path, f"unreachable ({type(exc).__name__})")
             return None
@@ -391,6 +426,16 @@ class RuntimeStateObserver:
         else:
             return response.content
         return None
+
+    def _http(self) -> httpx.Client:
+        """The polls' client, created at the first poll (callers hold ``_poll_lock``)."""
+        if self._client is None:
+            if self._stop.is_set():  # stop() has run: a client made now would never be closed
+                raise RuntimeError("the runtime-state observer is stopped")
+            import httpx
+
+            self._client = httpx.Client(timeout=TIMEOUT, trust_env=False)
+        return self._client
 
     def _not_its_format(self, server: Server, state: _State, path: str, problem: str) -> None:
         """A 2xx answer that is not the runtime's format: a failure like any other (quietly for an
@@ -461,7 +506,7 @@ class RuntimeStateObserver:
         )
         for name, unit, description, observe in fixed:
             self._kinds[name.lower()] = _GAUGE
-            meter.create_observable_gauge(name, [lambda options, fn=observe: list(fn())], unit=unit,
+            meter.create_observable_gauge(name, [_callback(observe)], unit=unit,
                                           description=description)
 
     def _normalized(self, key: str) -> Iterator[Observation]:

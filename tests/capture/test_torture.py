@@ -116,7 +116,8 @@ def _exporter_down_child(sim_url: str, endpoint: str, calls: int, trace_memory: 
     Prints one JSON line per phase; ends with os._exit so no atexit flush waits on the exporter."""
     import tracemalloc
 
-    from otel_llm.instrumentor import OtelLlmInstrumentor, current_telemetry
+    from otel_llm import _core
+    from otel_llm.instrumentor import current_telemetry
 
     def emit(**fields: Any) -> None:
         print(json.dumps(fields), flush=True)
@@ -153,7 +154,8 @@ def _exporter_down_child(sim_url: str, endpoint: str, calls: int, trace_memory: 
     baseline = [call() for _ in range(BASELINE_CALLS)]
     memory = [traced()] if trace_memory else []
     otel_llm.instrument(endpoint=endpoint, console_summary=False, **NO_PROBES)
-    providers = OtelLlmInstrumentor()._providers
+    assert _core._session is not None
+    providers = _core._session.providers
     batch = providers.tracer_provider._active_span_processor._span_processors[0]._batch_processor
     queue_max = 0
     down = []
@@ -1076,7 +1078,7 @@ def _covered(start: float, end: float, toggles: list[tuple[float, float, bool]])
 
 
 def test_toggling_instrumentation_while_calling(sim: Any) -> None:
-    from otel_llm.instrumentor import _is_ours, _layers
+    from otel_llm.capture.install import _is_ours, _layers
     from tests.conftest import make_otel
 
     assert not otel_llm.is_instrumented()

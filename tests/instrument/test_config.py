@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 
+import pytest
+
 from otel_llm.config import DEFAULT_TRACES_FILE, resolve
 
 
@@ -58,3 +60,30 @@ def test_poll_runtimes_values(caplog) -> None:
     with caplog.at_level(logging.WARNING, logger="otel_llm"):
         assert resolve({"poll_runtimes": "everything"}, environ={}).poll_runtimes == "local"
     assert "poll_runtimes='everything'" in caplog.text and "configured, local, all" in caplog.text
+
+
+def test_instrument_takes_exactly_the_options_as_keywords() -> None:
+    """``instrument()``'s keywords are the options (so a misspelt one is a TypeError, as for any
+    Python function), each defaulting to None: "read the environment, else the default"."""
+    import dataclasses
+    import inspect
+
+    import otel_llm
+    from otel_llm.config import Options
+
+    parameters = inspect.signature(otel_llm.instrument).parameters
+    assert list(parameters) == [f.name for f in dataclasses.fields(Options)]
+    assert all(p.kind is p.KEYWORD_ONLY and p.default is None for p in parameters.values())
+    with pytest.raises(TypeError, match="servce_name"):
+        otel_llm.instrument(servce_name="typo")  # type: ignore[call-arg]
+    assert not otel_llm.is_instrumented()
+
+
+def test_instrument_hands_only_the_given_options_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    import otel_llm
+    from otel_llm import _core
+
+    seen: list[dict[str, object]] = []
+    monkeypatch.setattr(_core, "instrument", lambda **kwargs: seen.append(kwargs))
+    otel_llm.instrument(service_name="svc", capture_content=False, sample_interval=0.5)
+    assert seen == [{"service_name": "svc", "capture_content": False, "sample_interval": 0.5}]
