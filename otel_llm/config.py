@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from otel_llm import semconv as sc
 from otel_llm._log import logger
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import TracerProvider
 
 DEFAULT_TRACES_FILE = "otel-llm-traces.jsonl"
 PROTOCOLS = ("grpc", "http/protobuf")
@@ -45,8 +49,8 @@ class Options:
     service_name: str | None = None
     endpoint: str | None = None
     protocol: str | None = None
-    tracer_provider: Any = None
-    meter_provider: Any = None
+    tracer_provider: TracerProvider | None = None
+    meter_provider: MeterProvider | None = None
     capture_content: bool = False
     runtimes: Mapping[str, str] = field(default_factory=dict)
     llm_routes: Sequence[str] = ()

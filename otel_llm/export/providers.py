@@ -17,13 +17,24 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 
 from opentelemetry import metrics, trace
 
 from otel_llm._log import log_once, logger
 from otel_llm.config import Options
+
+if TYPE_CHECKING:  # the SDK's classes are imported only when otel_llm builds its own providers
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
+    from opentelemetry.sdk.metrics.export import MetricExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
+    from opentelemetry.sdk.trace.export import SpanExporter
+
+    OwnedProvider = Union[SdkTracerProvider, SdkMeterProvider]
 
 _OTLP_ENV = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 
@@ -50,9 +61,11 @@ _prometheus_failed: set[tuple[str, int]] = set()
 
 @dataclass
 class Providers:
-    tracer_provider: Any
-    meter_provider: Any
-    owned: list[Any] = field(default_factory=list)  # providers we created and must shut down
+    """The providers model calls are recorded with, and which of them otel_llm owns."""
+
+    tracer_provider: trace.TracerProvider
+    meter_provider: metrics.MeterProvider
+    owned: list[OwnedProvider] = field(default_factory=list)  # created here: shut down here
     description: str = ""
 
     def shutdown(self, timeout: float | None = None) -> None:
@@ -80,12 +93,12 @@ class Providers:
                      exc_info=False)
 
 
-def _global_tracer_provider() -> Any | None:
+def _global_tracer_provider() -> trace.TracerProvider | None:
     provider = trace.get_tracer_provider()
     return None if isinstance(provider, trace.ProxyTracerProvider) else provider
 
 
-def _global_meter_provider() -> Any | None:
+def _global_meter_provider() -> metrics.MeterProvider | None:
     from opentelemetry.metrics._internal import _ProxyMeterProvider
 
     provider = metrics.get_meter_provider()
@@ -108,14 +121,15 @@ def _protocol(options: Options) -> str:
     return "grpc" if (env or "").strip().lower() == "grpc" else "http/protobuf"
 
 
-def _resource(options: Options) -> Any:
+def _resource(options: Options) -> Resource:
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 
     attrs = {SERVICE_NAME: options.service_name} if options.service_name else {}
     return Resource.create(attrs)
 
 
-def _otlp_exporters(options: Options, protocol: str, with_metrics: bool = True) -> tuple[Any, Any]:
+def _otlp_exporters(options: Options, protocol: str,
+                    with_metrics: bool = True) -> tuple[SpanExporter, MetricExporter | None]:
     """(span exporter, metric exporter or None); explicit endpoints get the signal path appended
     for HTTP."""
     endpoint = options.endpoint
@@ -134,7 +148,7 @@ def _otlp_exporters(options: Options, protocol: str, with_metrics: bool = True) 
             HttpMetric(endpoint=f"{base}/v1/metrics") if with_metrics else None)
 
 
-def metrics_exporters(environ: Any = None) -> frozenset[str]:
+def metrics_exporters(environ: Mapping[str, str] | None = None) -> frozenset[str]:
     """The names listed in ``OTEL_METRICS_EXPORTER`` that otel_llm knows (default ``otlp``);
     unknown names are logged once and ignored."""
     env = os.environ if environ is None else environ
@@ -150,7 +164,7 @@ def metrics_exporters(environ: Any = None) -> frozenset[str]:
     return frozenset() if "none" in known else frozenset(known)
 
 
-def prometheus_address(environ: Any = None) -> tuple[str, int]:
+def prometheus_address(environ: Mapping[str, str] | None = None) -> tuple[str, int]:
     """(host, port) from ``OTEL_EXPORTER_PROMETHEUS_HOST`` / ``_PORT``; bad ports are logged once."""
     env = os.environ if environ is None else environ
     host = (env.get(PROMETHEUS_HOST_ENV) or "").strip() or PROMETHEUS_DEFAULT_HOST
@@ -167,7 +181,7 @@ def prometheus_address(environ: Any = None) -> tuple[str, int]:
     return host, port
 
 
-def _prometheus_reader() -> Any | None:
+def _prometheus_reader() -> PrometheusMetricReader | None:
     """A PrometheusMetricReader on prometheus_client's global registry, or None (logged once)
     when opentelemetry-exporter-prometheus is not installed."""
     try:
@@ -236,50 +250,54 @@ def _url(host: str, port: int) -> str:
 
 def build_providers(options: Options) -> Providers:
     """The providers for this instrumentation session (see module docstring)."""
-    tracer_provider = options.tracer_provider or _global_tracer_provider()
-    meter_provider = options.meter_provider or _global_meter_provider()
-    result = Providers(tracer_provider, meter_provider)
-    if tracer_provider is not None and meter_provider is not None:
-        result.description = "application providers"
-        return result
+    given_tracer = options.tracer_provider or _global_tracer_provider()
+    given_meter = options.meter_provider or _global_meter_provider()
+    if given_tracer is not None and given_meter is not None:
+        return Providers(given_tracer, given_meter, description="application providers")
     from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
+    owned: list[OwnedProvider] = []
+    description = ""
     resource = _resource(options)
     endpoint = _otlp_endpoint(options)
-    exporters = metrics_exporters() if meter_provider is None else frozenset()
-    span_exporter = metric_exporter = None
+    exporters = metrics_exporters() if given_meter is None else frozenset()
+    span_exporter: SpanExporter | None = None
+    metric_exporter: MetricExporter | None = None
     if endpoint:
         protocol = _protocol(options)
         span_exporter, metric_exporter = _otlp_exporters(options, protocol, with_metrics="otlp" in exporters)
-        result.description = f"OTLP {protocol} to {endpoint}"
-    if tracer_provider is None:
+        description = f"OTLP {protocol} to {endpoint}"
+    if given_tracer is None:
         # otel_llm shuts its own providers down at exit, after finishing calls still open.
-        tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+        own_tracer = TracerProvider(resource=resource, shutdown_on_exit=False)
         if span_exporter is not None:
-            tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
+            own_tracer.add_span_processor(BatchSpanProcessor(span_exporter))
         else:
-            _add_embedded(tracer_provider, options)
-            result.description = f"embedded default: {os.path.abspath(options.traces_file)}"
-        result.owned.append(tracer_provider)
-    if meter_provider is None:
-        readers = [PeriodicExportingMetricReader(metric_exporter)] if metric_exporter is not None else []
+            _add_embedded(own_tracer, options)
+            description = f"embedded default: {os.path.abspath(options.traces_file)}"
+        owned.append(own_tracer)
+        given_tracer = own_tracer
+    if given_meter is None:
+        readers: list[MetricReader] = []
+        if metric_exporter is not None:
+            readers.append(PeriodicExportingMetricReader(metric_exporter))
         if "prometheus" in exporters:
             reader = _prometheus_reader()
             if reader is not None:
                 readers.append(reader)
                 served = serve_prometheus(*prometheus_address())
                 if served is not None:
-                    result.description += f"; metrics on Prometheus {_url(*served)}"
-        meter_provider = MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False)
-        result.owned.append(meter_provider)
-    result.tracer_provider, result.meter_provider = tracer_provider, meter_provider
-    return result
+                    description += f"; metrics on Prometheus {_url(*served)}"
+        own_meter = MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False)
+        owned.append(own_meter)
+        given_meter = own_meter
+    return Providers(given_tracer, given_meter, owned, description)
 
 
-def _add_embedded(tracer_provider: Any, options: Options) -> None:
+def _add_embedded(tracer_provider: SdkTracerProvider, options: Options) -> None:
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     from otel_llm.export.jsonl import JsonLinesSpanExporter

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from opentelemetry.metrics import Meter, MeterProvider
 
 from otel_llm import semconv as sc
 from otel_llm._log import log_once
@@ -24,6 +27,24 @@ from otel_llm.observers.poll_policy import POLL_LOCAL
 from otel_llm.observers.registry import ServerRegistry
 from otel_llm.parse.runtimes import ModelInfo
 from otel_llm.version import __version__
+
+if TYPE_CHECKING:  # each observer's module is imported only when that observer starts
+    from otel_llm.observers.gpu import GpuObserver
+    from otel_llm.observers.oom import OomWatch
+    from otel_llm.observers.processes import RuntimeProcesses
+    from otel_llm.observers.restarts import RestartWatch
+    from otel_llm.observers.runtime_state import RuntimeStateObserver
+    from otel_llm.observers.sampler import HostSampler
+
+_T = TypeVar("_T")
+
+
+class _Stops(Protocol):
+    def stop(self) -> None: ...
+
+
+class _ShutsDown(Protocol):
+    def shutdown(self) -> None: ...
 
 
 _NO_ATTRIBUTES: dict[str, Any] = {}  # never mutated: callers only read what model_attributes returns
@@ -43,7 +64,7 @@ def _model_attributes(info: ModelInfo) -> dict[str, Any]:
 class Observers:
     """The observers of one session and the per-call evidence they provide."""
 
-    def __init__(self, meter_provider: Any, host: bool = True, gpu: bool = True, runtime: bool = True,
+    def __init__(self, meter_provider: MeterProvider, host: bool = True, gpu: bool = True, runtime: bool = True,
                  interval: float = 1.0, runtimes: dict[tuple[str, int, str], str] | None = None,
                  idle_after: float = IDLE_AFTER, poll: str = POLL_LOCAL) -> None:
         self.registry = ServerRegistry()
@@ -53,7 +74,7 @@ class Observers:
             self.registry.configure(address, port, name, scheme)
         meter = meter_provider.get_meter(sc.INSTRUMENTATION_NAME, __version__)
         self._interval = interval
-        self._stoppable: list[Any] = []
+        self._stoppable: list[_Stops | _ShutsDown] = []
         # (host, port) -> the llm.runtime.restarted event its next call carries; the restart
         # watch adds, the call path pops, neither locks (single dict operations)
         self.pending_restarts: dict[tuple[str, int], dict[str, Any]] = {}
@@ -64,17 +85,17 @@ class Observers:
         self.oom = _try("OOM-kill count", self._oom, meter) if host else None
         self.sampler = _try("host observer", self._host, meter, interval) if host else None
 
-    def _restarts(self, meter: Any) -> Any:
+    def _restarts(self, meter: Meter) -> RestartWatch:
         from otel_llm.observers.restarts import RestartWatch
 
         return RestartWatch(self.registry, meter, self.pending_restarts)
 
-    def _oom(self, meter: Any) -> Any:
+    def _oom(self, meter: Meter) -> OomWatch:
         from otel_llm.observers.oom import OomWatch
 
         return OomWatch(meter)
 
-    def _runtime(self, meter: Any) -> Any:
+    def _runtime(self, meter: Meter) -> RuntimeStateObserver:
         from otel_llm.observers.poll_policy import PollPolicy
         from otel_llm.observers.runtime_state import RuntimeStateObserver
 
@@ -84,7 +105,7 @@ class Observers:
         self._stoppable.append(observer)
         return observer
 
-    def _processes(self) -> Any:
+    def _processes(self) -> RuntimeProcesses:
         from otel_llm.observers.processes import RuntimeProcesses
 
         return RuntimeProcesses(self.registry)
@@ -92,7 +113,7 @@ class Observers:
     def _runtime_pids(self) -> list[int]:
         return [process.pid for process, _ in self.processes.processes()] if self.processes else []
 
-    def _gpu(self, meter: Any) -> Any:
+    def _gpu(self, meter: Meter) -> GpuObserver | None:
         from otel_llm.observers.gpu import GpuObserver
 
         observer = GpuObserver.create(meter, pids=self._runtime_pids)
@@ -100,7 +121,7 @@ class Observers:
             self._stoppable.append(observer)
         return observer
 
-    def _host(self, meter: Any, interval: float) -> Any:
+    def _host(self, meter: Meter, interval: float) -> HostSampler:
         from otel_llm.observers.host import HostObserver
         from otel_llm.observers.sampler import HostSampler
 
@@ -162,7 +183,7 @@ class Observers:
         self._stoppable.clear()
 
 
-def _try(what: str, start: Any, *args: Any) -> Any:
+def _try(what: str, start: Callable[..., _T], *args: Any) -> _T | None:
     try:
         return start(*args)
     except Exception:
