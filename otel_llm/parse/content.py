@@ -85,7 +85,7 @@ def event_text(api: str, obj: dict[str, Any]) -> str | None:
         return text if isinstance(text, str) and text else None
     try:
         piece = _DELTA.get(api, _openai_chat)(obj)
-    except (AttributeError, TypeError):
+    except (AttributeError, TypeError, LookupError):  # any JSON shape: no text, never an error
         return None
     return piece if isinstance(piece, str) and piece else None
 
@@ -101,7 +101,7 @@ def stream_text(api: str, data: bytes, ndjson: bool) -> str | None:
     for obj in objects:
         try:
             piece = delta(obj)
-        except (AttributeError, TypeError):
+        except (AttributeError, TypeError, LookupError):  # any JSON shape: no text, never an error
             continue
         if isinstance(piece, str):
             parts.append(piece)

@@ -136,6 +136,8 @@ class Decoder:
         budget = MAX_DECODED
         try:
             for t, data in zip(times, chunks):
+                if budget <= 0 and data:  # spent: zlib would read a max_length of 0 as "no limit"
+                    raise _TooLarge
                 for step in self._steps:
                     data = step(data, budget)
                 if data:

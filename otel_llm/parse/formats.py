@@ -39,7 +39,7 @@ _LLAMACPP = rb'"content": ?"[^"]'
 # TGI token events: {"index":1,"token":{"id":..,"text":"x",...}}; top_tokens also carry "text".
 _TGI_STREAM = rb'"token": ?\{"id": ?-?\d+, ?"text": ?"'
 _SGLANG = rb'"text": ?"[^"]'
-_LMSTUDIO_V1 = rb"event: ?(?:message|reasoning)\.delta"
+_LMSTUDIO_V1 = rb"(?m)^event: ?(?:message|reasoning)\.delta"  # a line start: not text that says it
 _GENERIC = (rb'"(?:content' + _STRING + rb'|re(?:asoning(?:_content)?|fusal|sponse)' + _STRING
             + rb'|t(?:ext' + _STRING + rb'|ool_calls' + _ARRAY + rb'))')
 

@@ -1,0 +1,360 @@
+"""LlmCall, the record of one model call: what each timeline method writes, how chunks are folded
+into the scanner or the bounded body, and that ``finish`` hands the record to the sink exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import logging
+import threading
+from typing import Any
+
+import pytest
+
+from otel_llm._log import reset_log_once
+from otel_llm.capture import call as call_module
+from otel_llm.capture.call import (
+    BODY_SENT, CONNECT_END, CONNECT_START, DNS_END, DNS_START, END_CANCELLED, END_CLOSED, END_EOF, END_ERROR,
+    END_GC, FOLD_BYTES, HEADERS, N_MARKS, POOL_END, POOL_START, TLS_END, TLS_START, UPLOAD_START, CallRequest,
+    LlmCall, TlsInfo,
+)
+from otel_llm.parse import routes
+from otel_llm.parse.formats import NDJSON, SSE
+
+CHAT = routes.Route(routes.API_OPENAI_CHAT, routes.OP_CHAT, None)
+OLLAMA = routes.Route(routes.API_OLLAMA_CHAT, routes.OP_CHAT, "ollama")
+
+
+class _Sink:
+    """Records what the seam hands over; ``seen`` is a copy of the record at call_finished."""
+
+    def __init__(self, capture_content: bool = False, fail: bool = False) -> None:
+        self.capture_content = capture_content
+        self.fail = fail
+        self.started: list[LlmCall] = []
+        self.finished: list[dict[str, Any]] = []
+
+    def route(self, path: str) -> routes.Route | None:
+        return routes.match_route(path)
+
+    def call_started(self, call: LlmCall) -> Any:
+        self.started.append(call)
+        call.request.headers["traceparent"] = "00-x"
+        return ("state", len(self.started))
+
+    def call_finished(self, call: LlmCall) -> None:
+        self.finished.append({"reason": call.end_reason, "exception": call.exception, "t_end": call.t_end,
+                              "body": b"".join(call.body), "chunks": list(call.chunks)})
+        if self.fail:
+            raise RuntimeError("sink bug")
+
+
+def _request(headers: dict[str, str] | None = None, body: bytes | None = b"{}") -> CallRequest:
+    return CallRequest("POST", "http", "127.0.0.1", 8080, "/v1/chat/completions",
+                       "http://127.0.0.1:8080/v1/chat/completions?x=1", {} if headers is None else headers, body)
+
+
+def _open(sink: _Sink | None = None, route: routes.Route = CHAT) -> tuple[LlmCall, _Sink]:
+    sink = sink or _Sink()
+    return LlmCall.open(sink, route, _request()), sink
+
+
+def test_call_request_fields_and_order() -> None:
+    request = _request(body=None)
+    assert request._fields == ("method", "scheme", "host", "port", "path", "url", "headers", "body")
+    assert request.port == 8080 and request.path == "/v1/chat/completions" and request.body is None
+    assert request.url.endswith("?x=1")
+
+
+def test_open_gives_the_sink_the_call_and_keeps_its_state() -> None:
+    headers: dict[str, str] = {}
+    sink = _Sink()
+    call = LlmCall.open(sink, CHAT, _request(headers))
+    assert sink.started == [call]
+    assert call.sink_state == ("state", 1)
+    assert headers == {"traceparent": "00-x"}  # the sink writes trace context into the request's carrier
+    assert call.marks == [0] * N_MARKS and not call.finished and not call.streaming
+    assert call.route is CHAT and call.status == 0 and call.end_reason == ""
+
+
+def test_mark_indices_are_distinct_and_fill_the_list() -> None:
+    indices = [CONNECT_START, DNS_START, DNS_END, CONNECT_END, TLS_START, TLS_END, UPLOAD_START, BODY_SENT,
+               HEADERS, POOL_START, POOL_END]
+    assert sorted(indices) == list(range(N_MARKS))
+
+
+def test_each_timeline_method_stamps_its_own_mark_in_order() -> None:
+    call, _ = _open()
+    steps = [(call.dns_started, DNS_START), (call.dns_done, DNS_END), (call.connect_started, CONNECT_START),
+             (lambda: call.connected(("10.0.0.1", 443)), CONNECT_END), (call.tls_started, TLS_START),
+             (lambda: call.tls_done("TLSv1.3", "TLS_AES_128_GCM_SHA256", "h2"), TLS_END),
+             (call.request_started, UPLOAD_START), (call.request_sent, BODY_SENT),
+             (lambda: call.headers_received("2"), HEADERS)]
+    stamped = []
+    for step, index in steps:
+        before = call_module.perf_ns()
+        step()
+        assert before <= call.marks[index] <= call_module.perf_ns()
+        stamped.append(call.marks[index])
+    assert stamped == sorted(stamped)
+    assert call.marks[POOL_START] == call.marks[POOL_END] == 0  # no pool wait happened
+    assert call.peer == ("10.0.0.1", 443)
+    assert call.tls == TlsInfo("TLSv1.3", "TLS_AES_128_GCM_SHA256", "h2")
+    assert call.http_version == "2"
+
+
+def test_pool_wait_keeps_the_first_start_and_the_last_end() -> None:
+    call, _ = _open()
+    call.pool_wait(100, 200)
+    call.pool_wait(300, 450)
+    assert (call.marks[POOL_START], call.marks[POOL_END]) == (100, 450)
+
+
+def test_peer_and_tls_details_are_not_lost() -> None:
+    call, _ = _open()
+    call.connected(("127.0.0.1", 1))
+    call.set_peer(None)  # a stack that cannot tell keeps what the socket said
+    assert call.peer == ("127.0.0.1", 1)
+    call.set_peer(("127.0.0.2", 2))
+    assert call.peer == ("127.0.0.2", 2)
+    call.tls_info("TLSv1.2", "c1", None)
+    call.tls_info("TLSv1.3", "c2", "h2")  # only the first report of a connect-with-handshake counts
+    assert call.tls == TlsInfo("TLSv1.2", "c1", None)
+    call.tls_done("TLSv1.3", "c3", "http/1.1")  # a real TLS phase always wins
+    assert call.tls == TlsInfo("TLSv1.3", "c3", "http/1.1")
+
+
+def test_headers_received_without_a_version_keeps_the_known_one() -> None:
+    call, _ = _open()
+    call.headers_received("1.1")
+    call.headers_received(None)
+    call.headers_received("")
+    assert call.http_version == "1.1"
+
+
+def test_response_started_keeps_an_earlier_headers_mark() -> None:
+    call, _ = _open()
+    call.headers_received()
+    first = call.marks[HEADERS]
+    call.response_started(200, {"Content-Type": "application/json"})
+    assert call.marks[HEADERS] == first
+    other, _ = _open()
+    other.response_started(200, {})
+    assert other.marks[HEADERS] > 0
+
+
+def test_response_started_lowercases_headers_and_picks_whole_body_parsing() -> None:
+    call, _ = _open()
+    call.response_started(201, {"Content-Type": "Application/JSON", "X-Request-Id": "r1"})
+    assert call.status == 201
+    assert call.response_headers == {"content-type": "Application/JSON", "x-request-id": "r1"}
+    assert call.content_type == "application/json"
+    assert call.scanner is None and not call.streaming and call.decoder is None and call.captured is None
+
+
+@pytest.mark.parametrize(("route", "content_type", "framing"), [
+    (CHAT, "text/event-stream; charset=utf-8", SSE),
+    (CHAT, "application/x-ndjson", NDJSON),
+    (OLLAMA, "application/x-ndjson", NDJSON),
+    (OLLAMA, "application/jsonl", NDJSON),
+])
+def test_a_stream_content_type_starts_the_scanner(route: routes.Route, content_type: str, framing: str) -> None:
+    call, _ = _open(route=route)
+    call.response_started(200, {"Content-Type": content_type})
+    assert call.streaming and call.scanner is not None
+    assert call.scanner.fmt.framing == framing
+    assert call.captured is None  # content capture is off in this sink
+
+
+def test_captured_bytes_only_when_the_sink_captures_content() -> None:
+    call, _ = _open(_Sink(capture_content=True))
+    call.response_started(200, {"content-type": "text/event-stream"})
+    assert call.captured == bytearray()
+    whole, _ = _open(_Sink(capture_content=True))
+    whole.response_started(200, {"content-type": "application/json"})
+    assert whole.captured is None  # a whole body is parsed from call.body instead
+
+
+def test_content_encoding_gets_a_decoder_unless_the_stack_already_decoded() -> None:
+    call, _ = _open()
+    call.response_started(200, {"Content-Encoding": "gzip", "Content-Type": "application/json"})
+    assert call.decoder is not None
+    decoded, _ = _open()
+    decoded.response_started(200, {"Content-Encoding": "gzip"}, decoded=True)
+    assert decoded.decoder is None
+
+
+def test_chunks_wait_for_the_fold_until_more_than_fold_bytes() -> None:
+    call, _ = _open()
+    call.response_started(200, {"content-type": "application/json"})
+    call.chunk(b"a" * (FOLD_BYTES - 1))
+    call.chunk(b"b")
+    assert call.pending == FOLD_BYTES and len(call.chunks) == 2 and call.body == []
+    assert len(call.times) == 2 and call.times[0] <= call.times[1]
+    call.chunk(b"c")  # one byte over: folded into the body
+    assert call.pending == 0 and call.chunks == [] and call.times == []
+    assert b"".join(call.body) == b"a" * (FOLD_BYTES - 1) + b"bc"
+
+
+def test_fold_feeds_the_scanner_with_each_chunks_time() -> None:
+    call, _ = _open()
+    call.response_started(200, {"content-type": "text/event-stream"})
+    call.times[:] = [1_000, 2_000, 3_000]
+    call.chunks[:] = [b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n',
+                      b'data: {"choices":[{"delta":{"content":"Hi"}}]}\n\n',
+                      b'data: {"choices":[{"delta":{"content":"!"}}]}\n\ndata: [DONE]\n\n']
+    call.fold()
+    assert call.scanner is not None
+    assert (call.scanner.token_events, call.scanner.first_token_ns, call.scanner.last_token_ns) == (2, 2_000, 3_000)
+    assert call.body == [] and call.chunks == [] and call.times == []
+
+
+def test_fold_decodes_a_compressed_body() -> None:
+    call, _ = _open()
+    call.response_started(200, {"content-type": "application/json", "content-encoding": "gzip"})
+    wire = gzip.compress(b'{"id":"x","choices":[]}')
+    call.chunk(wire[:7])
+    call.chunk(wire[7:])
+    call.fold()
+    assert b"".join(call.body) == b'{"id":"x","choices":[]}'
+
+
+def test_captured_stream_bytes_stop_at_the_capture_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(call_module, "CAPTURE_BYTES", 10)
+    call, _ = _open(_Sink(capture_content=True))
+    call.response_started(200, {"content-type": "text/event-stream"})
+    call.chunk(b"0123456")
+    call.fold()
+    call.chunk(b"789abcdef")
+    call.fold()
+    call.chunk(b"ghij")
+    call.fold()
+    assert call.captured == bytearray(b"0123456789")
+    assert call.scanner is not None and call.scanner.bytes == 20  # the scanner still sees everything
+
+
+def test_a_body_over_the_limit_is_dropped_and_stays_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(call_module, "BODY_LIMIT", 10)
+    call, _ = _open()
+    call.response_started(200, {"content-type": "application/json"})
+    call.chunk(b"0123456789")
+    call.fold()
+    assert b"".join(call.body) == b"0123456789" and not call.body_overflow  # exactly the limit is kept
+    call.chunk(b"x")
+    call.fold()
+    assert call.body == [] and call.body_overflow
+    call.chunk(b"y")
+    call.fold()
+    assert call.body == [] and call.chunks == [] and call.pending == 0
+
+
+class _BrokenScanner:
+    def fold(self, times: list[int], chunks: list[bytes]) -> None:
+        raise ValueError("scanner bug")
+
+
+def test_a_failing_scanner_is_logged_once_and_never_raises(caplog: pytest.LogCaptureFixture) -> None:
+    reset_log_once()
+    call, _ = _open()
+    call.scanner = _BrokenScanner()  # type: ignore[assignment]
+    with caplog.at_level(logging.WARNING, logger="otel_llm"):
+        for _ in range(2):
+            call.chunk(b"data")
+            call.fold()
+    assert call.chunks == [] and call.times == [] and call.pending == 0
+    assert [r.getMessage() for r in caplog.records].count(
+        "otel_llm: scanning a response stream failed (further occurrences are not logged)") == 1
+
+
+def test_to_epoch_shifts_by_the_anchor() -> None:
+    call, _ = _open()
+    call.t0, call.epoch0 = 5_000, 1_700_000_000_000_000_000
+    assert call.to_epoch(5_000) == 1_700_000_000_000_000_000
+    assert call.to_epoch(7_500) == 1_700_000_000_000_002_500
+    assert call.to_epoch(4_000) == 1_699_999_999_999_999_000
+
+
+def test_the_anchor_pairs_the_call_start_with_the_wall_clock() -> None:
+    before = call_module.perf_ns()
+    call, _ = _open()
+    assert before <= call.t0 <= call_module.perf_ns()
+    assert call.epoch0 > 1_600_000_000 * 10**9  # an epoch time in nanoseconds, not a perf counter
+
+
+def test_finish_folds_what_is_left_then_hands_over_once() -> None:
+    call, sink = _open()
+    call.response_started(200, {"content-type": "application/json"})
+    call.chunk(b'{"a":')
+    call.chunk(b"1}")
+    call.finish(END_EOF, at_ns=123)
+    call.finish(END_ERROR, ValueError("late"))
+    call.finish_from_exception(GeneratorExit())
+    assert sink.finished == [{"reason": END_EOF, "exception": None, "t_end": 123, "body": b'{"a":1}', "chunks": []}]
+    assert call.finished and call.end_reason == END_EOF and call.t_end == 123
+
+
+def test_finish_without_a_time_stamps_now() -> None:
+    call, _ = _open()
+    before = call_module.perf_ns()
+    call.finish(END_CLOSED)
+    assert before <= call.t_end <= call_module.perf_ns()
+
+
+def test_the_sink_sees_the_exception_but_the_record_drops_it() -> None:
+    call, sink = _open()
+    error = ConnectionResetError("peer reset")
+    call.finish(END_ERROR, error)
+    assert sink.finished[0]["exception"] is error
+    assert call.exception is None  # a traceback kept here would keep the call alive forever
+
+
+def test_a_failing_sink_is_logged_and_the_call_stays_finished(caplog: pytest.LogCaptureFixture) -> None:
+    reset_log_once()
+    call, sink = _open(_Sink(fail=True))
+    with caplog.at_level(logging.WARNING, logger="otel_llm"):
+        call.finish(END_EOF)
+    assert call.finished and len(sink.finished) == 1
+    assert any("finishing a model call failed" in r.getMessage() for r in caplog.records)
+    call.finish(END_GC)
+    assert len(sink.finished) == 1
+
+
+def test_finish_from_inside_the_sink_does_not_deadlock_or_repeat() -> None:
+    class Reentrant(_Sink):
+        def call_finished(self, call: LlmCall) -> None:
+            super().call_finished(call)
+            call.finish(END_GC)  # e.g. the response collected while the sink runs
+
+    call, sink = _open(Reentrant())
+    call.finish(END_EOF)
+    assert [f["reason"] for f in sink.finished] == [END_EOF]
+
+
+def test_racing_finishes_reach_the_sink_once() -> None:
+    call, sink = _open()
+    barrier = threading.Barrier(8)
+    reasons = [END_EOF, END_CLOSED, END_ERROR, END_GC] * 2
+
+    def end(reason: str) -> None:
+        barrier.wait()
+        call.finish(reason)
+
+    threads = [threading.Thread(target=end, args=(reason,)) for reason in reasons]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(5)
+    assert len(sink.finished) == 1 and call.end_reason == sink.finished[0]["reason"]
+
+
+@pytest.mark.parametrize(("exc", "reason", "kept"), [
+    (GeneratorExit(), END_CLOSED, False),
+    (asyncio.CancelledError(), END_CANCELLED, True),
+    (OSError("boom"), END_ERROR, True),
+    (KeyboardInterrupt(), END_ERROR, True),
+])
+def test_finish_from_exception_maps_the_way_the_call_ended(exc: BaseException, reason: str, kept: bool) -> None:
+    call, sink = _open()
+    call.finish_from_exception(exc)
+    assert sink.finished[0]["reason"] == reason
+    assert sink.finished[0]["exception"] is (exc if kept else None)
