@@ -128,23 +128,25 @@ def _resource(options: Options) -> Resource:
     return Resource.create(attrs)
 
 
-def _otlp_exporters(options: Options, protocol: str,
-                    with_metrics: bool = True) -> tuple[SpanExporter, MetricExporter | None]:
-    """(span exporter, metric exporter or None); explicit endpoints get the signal path appended
-    for HTTP."""
+def _otlp_exporters(options: Options, protocol: str, with_spans: bool = True,
+                    with_metrics: bool = True) -> tuple[SpanExporter | None, MetricExporter | None]:
+    """(span exporter, metric exporter), each None when not asked for (a provider the
+    application gave needs none: an unused exporter would hold a channel open); explicit
+    endpoints get the signal path appended for HTTP."""
     endpoint = options.endpoint
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-        return OTLPSpanExporter(endpoint=endpoint), OTLPMetricExporter(endpoint=endpoint) if with_metrics else None
+        return (OTLPSpanExporter(endpoint=endpoint) if with_spans else None,
+                OTLPMetricExporter(endpoint=endpoint) if with_metrics else None)
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetric
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpan
 
     if endpoint is None:  # the exporters read the standard variables themselves
-        return HttpSpan(), HttpMetric() if with_metrics else None
+        return HttpSpan() if with_spans else None, HttpMetric() if with_metrics else None
     base = endpoint.rstrip("/")
-    return (HttpSpan(endpoint=f"{base}/v1/traces"),
+    return (HttpSpan(endpoint=f"{base}/v1/traces") if with_spans else None,
             HttpMetric(endpoint=f"{base}/v1/metrics") if with_metrics else None)
 
 
@@ -268,8 +270,11 @@ def build_providers(options: Options) -> Providers:
     metric_exporter: MetricExporter | None = None
     if endpoint:
         protocol = _protocol(options)
-        span_exporter, metric_exporter = _otlp_exporters(options, protocol, with_metrics="otlp" in exporters)
+        span_exporter, metric_exporter = _otlp_exporters(options, protocol, with_spans=given_tracer is None,
+                                                         with_metrics="otlp" in exporters)
         description = f"OTLP {protocol} to {endpoint}"
+        if given_tracer is not None:
+            description = f"application tracer provider; metrics {description}" if metric_exporter else ""
     if given_tracer is None:
         # otel_llm shuts its own providers down at exit, after finishing calls still open.
         own_tracer = TracerProvider(resource=resource, shutdown_on_exit=False)

@@ -155,6 +155,24 @@ def test_only_the_missing_tracer_provider_is_built(built: list[prov.Providers], 
     assert metric_readers(state.meter_provider) == [state.reader]
 
 
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+def test_an_application_tracer_provider_gets_no_unused_span_exporter(
+        protocol: str, built: list[prov.Providers], closed_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the application's tracer provider and an endpoint, only the metrics go to OTLP: no
+    span exporter is made (it would hold a connection or gRPC channel nobody uses or closes)."""
+    made: list[str] = []
+    for module in ("opentelemetry.exporter.otlp.proto.http.trace_exporter",
+                   "opentelemetry.exporter.otlp.proto.grpc.trace_exporter"):
+        monkeypatch.setattr(f"{module}.OTLPSpanExporter", lambda *a, _m=module, **k: made.append(_m))
+    state = make_otel()
+    providers = build(built, tracer_provider=state.tracer_provider, endpoint=closed_endpoint, protocol=protocol)
+    assert made == []
+    assert providers.tracer_provider is state.tracer_provider
+    (reader,) = metric_readers(providers.meter_provider)
+    assert isinstance(reader, PeriodicExportingMetricReader)
+    assert providers.description == f"application tracer provider; metrics OTLP {protocol} to {closed_endpoint}"
+
+
 # --- OTLP ---------------------------------------------------------------------------------------
 
 
