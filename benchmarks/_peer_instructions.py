@@ -246,7 +246,7 @@ def main(args: argparse.Namespace, counts: Callable[..., tuple[int, int]], valgr
     import peers
 
     from otel_llm.tools.sim import SimProcess
-    from otel_llm_testing.llamacpp import DEFAULT_CACHE
+    from otel_llm_testing.llama_server import DEFAULT_CACHE
 
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     if "none" not in configs:

@@ -60,7 +60,7 @@ if str(ROOT) not in sys.path:
 
 from otel_llm_testing.subprocesses import run_install_step  # noqa: E402
 from otel_llm.tools.sim import SimProcess  # noqa: E402
-from otel_llm_testing.llamacpp import DEFAULT_CACHE  # noqa: E402
+from otel_llm_testing.llama_server import DEFAULT_CACHE  # noqa: E402
 
 WORKER = Path(__file__).resolve().with_name("_peers_worker.py")
 LOCAL_CONFIGS = ("none", "httpx-official", "otel_llm")

@@ -1,10 +1,10 @@
 """``otel-llm`` command line entry point.
 
 Each subcommand is a :class:`Command` in :data:`COMMANDS`. Only the command being run is
-configured, so a broken or missing optional module (e.g. ``otel_llm.tools.sim.cli``) can never
+configured, so a broken or missing optional module (e.g. ``otel_llm.tools.commands.sim``) can never
 break the others. Adding a command implemented elsewhere is one line::
 
-    module_command("diagnose", "find where a slow call spends its time", "otel_llm.tools.diagnose.cli"),
+    module_command("diagnose", "find where a slow call spends its time", "otel_llm.tools.commands.diagnose"),
 
 where that module defines ``add_arguments(parser)`` and ``run(args) -> int``.
 """
@@ -124,12 +124,12 @@ def _emit(text: str) -> int:
 
 COMMANDS: tuple[Command, ...] = (
     Command("view", "show recorded model calls as terminal waterfalls", _configure_view),
-    module_command("sim", "run a simulated model server", "otel_llm.tools.sim.cli"),
-    module_command("diagnose", "find where a slow model call spends its time", "otel_llm.tools.diagnose.cli"),
+    module_command("sim", "run a simulated model server", "otel_llm.tools.commands.sim"),
+    module_command("diagnose", "find where a slow model call spends its time", "otel_llm.tools.commands.diagnose"),
     module_command("bench", "measure a model server's capacity under load (vllm bench serve's definitions)",
-                   "otel_llm.tools.bench.cli"),
+                   "otel_llm.tools.commands.bench"),
     module_command("gateway", "authenticating gateway in front of a model server, traced end to end",
-                   "otel_llm.tools.gateway.cli"),
+                   "otel_llm.tools.commands.gateway"),
 )
 
 

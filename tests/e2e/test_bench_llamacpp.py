@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from otel_llm.tools.bench import knee
-from otel_llm_testing.llamacpp import LlamaServer
+from otel_llm_testing.llama_server import LlamaServer
 from tests.helpers_servers import clean_env
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.flaky(reruns=1), pytest.mark.runtime]

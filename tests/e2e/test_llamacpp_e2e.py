@@ -160,7 +160,7 @@ def test_a_server_that_cannot_start_says_why() -> None:
 
 
 def test_the_build_is_portable() -> None:
-    from otel_llm_testing.llamacpp import cmake_args
+    from otel_llm_testing.llama_server import cmake_args
 
     assert "-DGGML_NATIVE=OFF" in cmake_args()
     assert "AVX512" not in cmake_args() and "AMX" not in cmake_args()

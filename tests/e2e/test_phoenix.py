@@ -181,7 +181,7 @@ def test_readme_phoenix_commands(upstream: SimProcess, tmp_path: Path) -> None:
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     assert README_SERVE in readme and README_SEND in readme
-    from otel_llm_testing.llamacpp import free_port
+    from otel_llm_testing.llama_server import free_port
 
     port, grpc_port = free_port(), free_port()
     env = clean_env()

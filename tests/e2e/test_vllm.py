@@ -484,7 +484,7 @@ def test_readme_serve_command_traces_into_phoenix(phoenix: PhoenixServer, tmp_pa
     import subprocess
     import sys
 
-    from otel_llm_testing.llamacpp import free_port
+    from otel_llm_testing.llama_server import free_port
 
     port = free_port()
     args = README_SERVE.replace("http://127.0.0.1:6006", phoenix.otlp_http_endpoint).split()[1:]

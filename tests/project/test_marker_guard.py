@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from otel_llm_testing import markers
-from otel_llm_testing.llamacpp import LlamaServer
+from otel_llm_testing.llama_server import LlamaServer
 
 
 def test_an_unmarked_test_cannot_start_a_real_server() -> None:

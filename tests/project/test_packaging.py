@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -62,7 +63,16 @@ def _modules_of(distribution: str) -> set[str]:
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     markers.need("backend", "pip (the build backend and the wheel's requirements come from PyPI)")
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(out), str(ROOT)],
+    # from a copy of what git sees: setuptools' build/ folder in a checkout keeps modules that
+    # were since renamed or removed, and would put them in the wheel
+    source = tmp_path_factory.mktemp("source")
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout.splitlines()
+    for name in listed:
+        if (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, source / name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(out), str(source)],
                    check=True, timeout=600)
     (built,) = out.glob("otel_llm-*.whl")
     return built

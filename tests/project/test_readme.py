@@ -38,7 +38,7 @@ def test_every_diagnose_code_is_documented() -> None:
 
 
 def test_every_gateway_setting_is_documented() -> None:
-    from otel_llm.tools.gateway.config import ENV_VARS as GATEWAY_VARS
+    from otel_llm.tools.gateway.settings import ENV_VARS as GATEWAY_VARS
 
     for setting, variable in GATEWAY_VARS.items():
         assert f"| `{setting}` | `{variable}`" in README, setting

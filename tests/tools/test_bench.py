@@ -140,7 +140,7 @@ def test_open_loop_sends_on_schedule(traced: Otel) -> None:
 
 def test_closed_loop_lag_is_the_generators_own_time_between_requests(traced: Otel,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    from otel_llm.tools.bench.cli import warnings
+    from otel_llm.tools.commands.bench import warnings
 
     with SimProcess(first_token_delay=0.02, token_interval=0.005, tokens=5) as sim:
         workload = Workload(sim.base_url, "openai", "sim-model", prompt_tokens=16, output_tokens=5)
@@ -290,7 +290,7 @@ def test_ctrl_c_between_two_levels_keeps_the_levels_measured(tmp_path: Path, mon
     """Ctrl-C while the first level's row is printed (after the level, before the next one)."""
     import argparse
 
-    from otel_llm.tools.bench import cli
+    from otel_llm.tools.commands import bench as cli
 
     def interrupted(summary: dict) -> str:
         raise KeyboardInterrupt

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import otel_llm
-from otel_llm.tools.diagnose.cli import parse_args, run
+from otel_llm.tools.commands.diagnose import parse_args, run
 from otel_llm.tools.diagnose.hoststate import HostReading
 from otel_llm.tools.diagnose.trials import TargetResult, Trial, request_for
 from otel_llm.tools.diagnose.verdicts import CODES, THRESHOLDS, Verdict, verdicts

@@ -16,7 +16,7 @@ import pytest
 from otel_llm.tools.main import main
 from otel_llm.tools.gateway import keys as keys_module
 from otel_llm.tools.gateway.auth import Denied, KeyStore, check_model, check_path, check_route, credentials
-from otel_llm.tools.gateway.config import ENV_VARS, ConfigError, KeyPolicy, load_config
+from otel_llm.tools.gateway.settings import ENV_VARS, ConfigError, KeyPolicy, load_config
 from otel_llm.tools.gateway.keys import KEY_PREFIX, digest_key, format_hash, generate_key, match_key, parse_hash
 from otel_llm.tools.gateway.limits import Admission, KeyLimits, Rejected, TokenBucket
 from otel_llm.tools.gateway.proxy import request_headers, response_headers
@@ -386,7 +386,7 @@ def test_check_route_named_methods() -> None:
 
 @pytest.mark.parametrize("route", ["v1/*", "GET", "GET  ", "get; /v1/*", "GE-T /v1/*", "GET, /v1/*", ""])
 def test_malformed_routes_stop_the_config(route: str) -> None:
-    from otel_llm.tools.gateway.config import split_route
+    from otel_llm.tools.gateway.settings import split_route
 
     with pytest.raises(ValueError):
         split_route(route)

@@ -25,7 +25,7 @@ from opentelemetry.trace import NoOpTracerProvider, SpanKind, StatusCode
 
 from otel_llm import semconv as sc
 from otel_llm.tools.gateway.app import Gateway
-from otel_llm.tools.gateway.config import GatewayConfig, KeyPolicy
+from otel_llm.tools.gateway.settings import GatewayConfig, KeyPolicy
 from otel_llm.tools.gateway.keys import digest_key, generate_key
 from otel_llm.tools.gateway.telemetry import GatewayTelemetry
 from otel_llm.tools.gateway.upstream import HIGH_WATER, Response, Upstream

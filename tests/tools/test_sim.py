@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from otel_llm.tools.sim import SimConfig, SimProcess, SimServer
-from otel_llm.tools.sim.cli import add_arguments, config_from_args
+from otel_llm.tools.commands.sim import add_arguments, config_from_args
 
 # timing on a shared 2-core machine: one bad scheduling moment is not a regression
 pytestmark = pytest.mark.flaky(reruns=2)

@@ -8,7 +8,7 @@ model server, traced with the same core so one trace spans client, gateway and r
 
 from __future__ import annotations
 
-from otel_llm.tools.gateway.config import ConfigError, GatewayConfig, KeyPolicy, load_config
+from otel_llm.tools.gateway.settings import ConfigError, GatewayConfig, KeyPolicy, load_config
 
 __all__ = ["ConfigError", "GatewayConfig", "KeyPolicy", "build_app", "load_config"]
 

@@ -28,7 +28,7 @@ from opentelemetry import trace
 
 from otel_llm._log import log_once
 from otel_llm.tools.gateway.auth import Denied, KeyStore, check_model, check_path, check_route, credentials
-from otel_llm.tools.gateway.config import GatewayConfig, KeyPolicy
+from otel_llm.tools.gateway.settings import GatewayConfig, KeyPolicy
 from otel_llm.tools.gateway.limits import Admission, KeyLimits, Rejected
 from otel_llm.tools.gateway.proxy import request_headers, response_headers
 from otel_llm.tools.gateway.refusals import REFUSED_OUTCOMES, RefusalLimiter

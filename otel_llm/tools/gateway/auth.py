@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from fnmatch import fnmatchcase
 from typing import Any
 
-from otel_llm.tools.gateway.config import KeyPolicy, split_route
+from otel_llm.tools.gateway.settings import KeyPolicy, split_route
 from otel_llm.tools.gateway.keys import match_key
 from otel_llm.parse.routes import match_route
 

@@ -48,7 +48,7 @@ POST ``/sim/unload``, GET ``/sim/stats``. ``/sim/*`` requests are not counted in
 
 from __future__ import annotations
 
-from .config import SimConfig
+from .scenario import SimConfig
 from .process import SimProcess
 from .server import SimServer
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .cli import add_arguments, run
+from otel_llm.tools.commands.sim import add_arguments, run
 
 
 def main() -> int:

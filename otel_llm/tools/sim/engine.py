@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import SimConfig
+from .scenario import SimConfig
 from .formats.base import Timeline, Wire
 from .httpio import BufferPolicy, ChunkedStream, Responder
 

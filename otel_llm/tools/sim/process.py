@@ -12,7 +12,7 @@ from typing import Any
 
 from otel_llm.tools.process import terminate
 
-from .config import SimConfig
+from .scenario import SimConfig
 from .control import SimControl
 
 __all__ = ["SimProcess"]

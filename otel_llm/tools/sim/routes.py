@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .config import SimConfig
+from .scenario import SimConfig
 from .engine import SimState, generate
 from .formats import anthropic, llamacpp, lmstudio, ollama, openai, sglang, tgi
 from .formats.base import Wire

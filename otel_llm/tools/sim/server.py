@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
-from .config import SimConfig
+from .scenario import SimConfig
 from .control import SimControl
 from .engine import SimState
 from .httpio import BadRequest, ClientGone, Responder, read_request, set_nodelay

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..config import SimConfig
+from ..scenario import SimConfig
 
 __all__ = ["Timeline", "Wire", "count_prompt_tokens", "ms", "ndjson", "ns", "piece", "prompt_text", "sse", "token_id"]
 

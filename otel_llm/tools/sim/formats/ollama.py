@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..config import SimConfig
+from ..scenario import SimConfig
 from .base import Timeline, Wire, ndjson, ns, piece, token_id
 
 __all__ = ["ChatWire", "GenerateWire", "lifecycle", "metrics", "ps", "tags", "unloads_after", "VERSION"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..config import SimConfig
+from ..scenario import SimConfig
 from . import llamacpp, tgi
 from .base import Wire, piece, sse
 

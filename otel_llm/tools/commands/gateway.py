@@ -11,7 +11,7 @@ import json
 import re
 import sys
 
-from otel_llm.tools.gateway.config import ENV_VARS, ConfigError, load_config, split_route
+from otel_llm.tools.gateway.settings import ENV_VARS, ConfigError, load_config, split_route
 from otel_llm.tools.gateway.keys import format_hash, generate_key
 
 __all__ = ["add_arguments", "run"]

@@ -9,8 +9,8 @@ import logging
 import signal
 import sys
 
-from .config import COMPRESSIONS, CONCURRENCY_MODES, FIELD_HELP, RUNTIMES, SimConfig
-from .server import run_precise, running
+from otel_llm.tools.sim.scenario import COMPRESSIONS, CONCURRENCY_MODES, FIELD_HELP, RUNTIMES, SimConfig
+from otel_llm.tools.sim.server import run_precise, running
 
 __all__ = ["add_arguments", "config_from_args", "run"]
 

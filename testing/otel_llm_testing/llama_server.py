@@ -202,7 +202,7 @@ class LlamaServer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m otel_llm_testing.llamacpp prepare``: build the server and assemble the model."""
+    """``python -m otel_llm_testing.llama_server prepare``: build the server and assemble the model."""
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("command", choices=["prepare"])
     parser.parse_args(argv)

@@ -17,16 +17,16 @@ from otel_llm.tools.auth import add_auth_argument, read_auth
 from otel_llm.tools.view import format_bytes
 from otel_llm.parse.runtimes import ModelInfo, ollama
 
-from . import sweep
-from .authcheck import auth_check, auth_findings, auth_verdicts
-from .cold import ColdControl, cold_trials
+from otel_llm.tools.diagnose import sweep
+from otel_llm.tools.diagnose.authcheck import auth_check, auth_findings, auth_verdicts
+from otel_llm.tools.diagnose.cold import ColdControl, cold_trials
 from otel_llm.tools.detect import Detection, detect, loaded_model, server_root
-from .hoststate import read_host
-from .memory import MemoryEstimate, estimate
-from .netpath import network_path_verdicts
-from .trials import APIS, TargetResult, TrialRunner, sweep_prompt
-from .verdicts import EXPLAIN, Verdict, median, verdicts
-from . import report
+from otel_llm.tools.diagnose.hoststate import read_host
+from otel_llm.tools.diagnose.memory import MemoryEstimate, estimate
+from otel_llm.tools.diagnose.netpath import network_path_verdicts
+from otel_llm.tools.diagnose.trials import APIS, TargetResult, TrialRunner, sweep_prompt
+from otel_llm.tools.diagnose.verdicts import EXPLAIN, Verdict, median, verdicts
+from otel_llm.tools.diagnose import report
 
 __all__ = ["add_arguments", "parse_args", "run"]
 
@@ -165,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
                 fh.write(record + "\n")
             say(f"JSON record written to {args.json}")
         if args.html:
-            from .html import write_html
+            from otel_llm.tools.diagnose.html import write_html
 
             write_html(json.loads(record), args.html)
             say(f"HTML report written to {args.html}")
