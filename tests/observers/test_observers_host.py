@@ -144,7 +144,9 @@ def test_this_process_is_reported(observed: Observed) -> None:
     observed.collect()
     deadline = time.process_time() + 0.1
     while time.process_time() < deadline:  # busy: a user-CPU share above zero
-        pass
+        # work in user space between clock reads: a loop of bare reads (system calls) spent
+        # nearly all of its 0.1 s in the kernel, and once read 0 user ticks
+        sum(range(20_000))
     metrics = observed.collect()
 
     me = os.getpid()
