@@ -18,9 +18,13 @@ from __future__ import annotations
 import contextvars
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Mapping, Protocol
 
 from otel_llm._log import log_once
+from otel_llm.capture.record import (
+    END_CANCELLED, END_CLOSED, END_EOF, END_ERROR, END_EXIT, END_GC, CallRecord, CallRequest, HeaderCarrier,
+    Timeline, TlsInfo,
+)
 from otel_llm.parse.content import CAPTURE_BYTES
 from otel_llm.parse.encoding import Decoder, decoder_for
 from otel_llm.parse.formats import is_stream_content_type, stream_format
@@ -30,8 +34,8 @@ if TYPE_CHECKING:
     from otel_llm.parse.routes import Route
 
 __all__ = [
-    "CURRENT_CALL", "CallRequest", "CallSink", "HeaderCarrier", "LlmCall", "TlsInfo", "perf_ns",
-    "END_CANCELLED", "END_CLOSED", "END_EOF", "END_ERROR", "END_EXIT", "END_GC",
+    "CURRENT_CALL", "CallRecord", "CallRequest", "CallSink", "HeaderCarrier", "LlmCall", "Timeline", "TlsInfo",
+    "perf_ns", "END_CANCELLED", "END_CLOSED", "END_EOF", "END_ERROR", "END_EXIT", "END_GC",
 ]
 
 perf_ns = time.perf_counter_ns
@@ -55,54 +59,18 @@ def clock_anchor() -> tuple[int, int]:
             break
     return best
 
-# Indices into LlmCall.marks (perf-counter nanoseconds; 0 = did not happen).
-CONNECT_START, DNS_START, DNS_END, CONNECT_END, TLS_START, TLS_END = range(6)
-UPLOAD_START, BODY_SENT, HEADERS = 6, 7, 8
-POOL_START, POOL_END = 9, 10  # set only when the request really queued for a pooled connection
-N_MARKS = 11
+# Indices into LlmCall._marks: Timeline's marks in its order (otel_llm.capture.record.MARKS).
+_CONNECT_START, _DNS_START, _DNS_END, _CONNECT_END, _TLS_START, _TLS_END = range(6)
+_UPLOAD_START, _BODY_SENT, _HEADERS, _POOL_START, _POOL_END = range(6, 11)
+_N_MARKS = 11
 
 FOLD_BYTES = 64 * 1024
-
-# How a call ended (llm.client.end_reason).
-END_EOF = "eof"
-END_CLOSED = "closed"
-END_CANCELLED = "cancelled"
-END_ERROR = "error"
-END_GC = "garbage_collected"
-END_EXIT = "process_exit"
 
 # The call an adapter is inside of on this thread / task, for hooks deeper in the same stack
 # (DNS, pool waits) that see no request.
 CURRENT_CALL: contextvars.ContextVar[LlmCall | None] = contextvars.ContextVar(
     "otel_llm_current_call", default=None
 )
-
-
-class HeaderCarrier(Protocol):
-    """Request headers as the seam uses them: read one, and set one (trace context)."""
-
-    def get(self, name: str, default: Any = None) -> Any: ...
-
-    def __setitem__(self, name: str, value: str) -> None: ...
-
-
-class CallRequest(NamedTuple):
-    """What an adapter hands over when a model call starts."""
-
-    method: str
-    scheme: str
-    host: str
-    port: int | None  # None: the scheme's default
-    path: str  # decoded, without the query
-    url: str  # the whole URL as sent
-    headers: HeaderCarrier  # trace context is written here, before the request is sent
-    body: bytes | None  # None: a streamed upload (not read); b"" when there is none
-
-
-class TlsInfo(NamedTuple):
-    version: str | None
-    cipher: str | None
-    alpn: str | None
 
 
 class CallSink(Protocol):
@@ -114,19 +82,19 @@ class CallSink(Protocol):
     def route(self, path: str) -> Route | None:
         """The model API a request to ``path`` speaks, or None: not a model call."""
 
-    def call_started(self, call: LlmCall) -> Any:
-        """A call begins (trace context goes into ``call.request.headers``); returns the sink's
-        own state for it, kept on the call as ``sink_state`` and never read here."""
+    def call_started(self, call: LlmCall) -> None:
+        """A call begins (trace context goes into ``call.request.headers``). The sink keeps what
+        it needs of the call itself, under ``call.key``."""
 
-    def call_finished(self, call: LlmCall) -> None:
-        """The call ended: build its telemetry from the record (read only)."""
+    def call_finished(self, record: CallRecord) -> None:
+        """The call ended: build its telemetry from the record (``record.key`` is ``call.key``)."""
 
 
 class LlmCall:
     """Everything recorded about one model call; finished exactly once."""
 
     __slots__ = (
-        "sink", "route", "request", "sink_state", "t0", "epoch0", "t_end", "marks", "peer", "tls",
+        "sink", "route", "request", "t0", "epoch0", "t_end", "_marks", "peer", "tls",
         "http_version", "status", "response_headers", "content_type", "decoder", "scanner", "times",
         "chunks", "pending", "body", "body_overflow", "captured", "end_reason", "exception", "_lock",
         "_done", "__weakref__",
@@ -137,9 +105,8 @@ class LlmCall:
         self.sink = sink
         self.route = route
         self.request = request
-        self.sink_state: Any = None
         self.t_end = 0
-        self.marks = [0] * N_MARKS
+        self._marks = [0] * _N_MARKS
         self.peer: tuple[str, int] | None = None
         self.tls: TlsInfo | None = None
         self.http_version: str | None = None
@@ -163,29 +130,34 @@ class LlmCall:
     def open(cls, sink: CallSink, route: Route, request: CallRequest) -> LlmCall:
         """Start recording a model call (``route`` from ``sink.route``)."""
         call = cls(sink, route, request)
-        call.sink_state = sink.call_started(call)
+        sink.call_started(call)
         return call
+
+    @property
+    def key(self) -> int:
+        """Tells this call from the others in progress (:attr:`CallRecord.key`)."""
+        return id(self)
 
     # -- the transport's events (hot path: a timestamp and, rarely, a small value) -----------
     def pool_wait(self, start_ns: int, end_ns: int) -> None:
         """The request queued for a pooled connection (all busy) from ``start_ns`` to ``end_ns``."""
-        marks = self.marks
-        if not marks[POOL_START]:
-            marks[POOL_START] = start_ns
-        marks[POOL_END] = end_ns
+        marks = self._marks
+        if not marks[_POOL_START]:
+            marks[_POOL_START] = start_ns
+        marks[_POOL_END] = end_ns
 
     def dns_started(self) -> None:
-        self.marks[DNS_START] = perf_ns()
+        self._marks[_DNS_START] = perf_ns()
 
     def dns_done(self) -> None:
-        self.marks[DNS_END] = perf_ns()
+        self._marks[_DNS_END] = perf_ns()
 
     def connect_started(self) -> None:
-        self.marks[CONNECT_START] = perf_ns()
+        self._marks[_CONNECT_START] = perf_ns()
 
     def connected(self, peer: tuple[str, int] | None) -> None:
         """TCP (or Unix socket) connected; ``peer`` is the address read from the socket now."""
-        self.marks[CONNECT_END] = perf_ns()
+        self._marks[_CONNECT_END] = perf_ns()
         self.peer = peer
 
     def set_peer(self, peer: tuple[str, int] | None) -> None:
@@ -199,31 +171,31 @@ class LlmCall:
             self.tls = TlsInfo(version, cipher, alpn)
 
     def tls_started(self) -> None:
-        self.marks[TLS_START] = perf_ns()
+        self._marks[_TLS_START] = perf_ns()
 
     def tls_done(self, version: str | None, cipher: str | None, alpn: str | None) -> None:
-        self.marks[TLS_END] = perf_ns()
+        self._marks[_TLS_END] = perf_ns()
         self.tls = TlsInfo(version, cipher, alpn)
 
     def request_started(self) -> None:
         """The request head is about to be written (on a new or a reused connection)."""
-        self.marks[UPLOAD_START] = perf_ns()
+        self._marks[_UPLOAD_START] = perf_ns()
 
     def request_sent(self) -> None:
         """The whole request (head and body) was handed to the network."""
-        self.marks[BODY_SENT] = perf_ns()
+        self._marks[_BODY_SENT] = perf_ns()
 
     def headers_received(self, http_version: str | None = None) -> None:
         """The response head arrived (stacks that report it before handing the response over)."""
-        self.marks[HEADERS] = perf_ns()
+        self._marks[_HEADERS] = perf_ns()
         if http_version:
             self.http_version = http_version
 
     def response_started(self, status: int, headers: Mapping[str, str], decoded: bool = False) -> None:
         """The response head is in: pick stream scanning or whole-body parsing. ``decoded``: the
         stack hands ``chunk`` the body with its ``Content-Encoding`` already removed."""
-        if not self.marks[HEADERS]:
-            self.marks[HEADERS] = perf_ns()
+        if not self._marks[_HEADERS]:
+            self._marks[_HEADERS] = perf_ns()
         self.status = status
         self.response_headers = {k.lower(): v for k, v in headers.items()}
         self.content_type = self.response_headers.get("content-type", "").lower()
@@ -241,9 +213,6 @@ class LlmCall:
         self.pending += len(data)
         if self.pending > FOLD_BYTES:
             self.fold()
-
-    def to_epoch(self, t_ns: int) -> int:
-        return self.epoch0 + (t_ns - self.t0)
 
     # -- off the hot path ------------------------------------------------------------------------
     def fold(self) -> None:
@@ -281,7 +250,7 @@ class LlmCall:
             self.exception = exc
             if self.chunks:
                 self.fold()
-            self.sink.call_finished(self)
+            self.sink.call_finished(self.record())
         except Exception:
             log_once("finishing a model call failed")
         finally:
@@ -290,6 +259,23 @@ class LlmCall:
             # connection alive forever.
             self.exception = None
             self._lock.release()
+
+    def timeline(self) -> Timeline:
+        """The steps recorded so far (``end`` is 0 until the call finished)."""
+        return Timeline(self.t0, self.epoch0, self.t_end, *self._marks)
+
+    def record(self) -> CallRecord:
+        """The call as the sink receives it, made once when it finishes."""
+        scanner = self.scanner
+        body = None
+        if scanner is None and not self.body_overflow:
+            body = b"".join(self.body)
+        return CallRecord(
+            id(self), self.route, self.request, self.timeline(),
+            self.peer, self.tls, self.http_version, self.status, self.response_headers,
+            None if scanner is None else scanner.stats(), body,
+            None if self.captured is None else bytes(self.captured), self.end_reason, self.exception,
+        )
 
     def finish_from_exception(self, exc: BaseException) -> None:
         if isinstance(exc, GeneratorExit):

@@ -4,13 +4,15 @@ The capture layer only appends ``(timestamp, chunk)`` pairs on the hot path. Eve
 at the end) the pairs are folded here: the batch is joined once and scanned by the format's token
 regex in C, which yields the first and last generated-token arrival times and the number of
 token events without parsing JSON. Only the head (first events) and tail (last events) are kept,
-so memory stays bounded on an endless stream with no delimiters.
+so memory stays bounded on an endless stream with no delimiters. :meth:`StreamScanner.stats`
+gives what was found as one frozen :class:`StreamStats` when the stream ends.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
 from itertools import accumulate
+from typing import NamedTuple
 
 from otel_llm.parse.formats import StreamFormat
 
@@ -20,6 +22,20 @@ BODY_LIMIT = 8 * 1024 * 1024  # non-streamed bodies larger than this are not par
 _OVERLAP = 128  # longer than any token marker, so a marker split across batches is still seen
 _MAX_TAIL_EVENTS = 6
 GROUP_NS = 1_000_000  # chunks closer than this arrived together (one burst)
+
+
+class StreamStats(NamedTuple):
+    """A finished stream, as scanned (times in perf-counter nanoseconds; 0: no token seen)."""
+
+    format: StreamFormat
+    chunks: int  # network chunks the application read
+    size: int  # bytes
+    token_events: int  # events that carried generated output
+    first_token_ns: int
+    last_token_ns: int
+    max_gap_ns: int  # the longest silence from the first token on
+    arrival_groups: int  # bursts of chunks (less than GROUP_NS apart) from the first token on
+    events: tuple[bytes, ...]  # the first event, then the last few (metadata, usage, counters)
 
 
 class StreamScanner:
@@ -100,6 +116,13 @@ class StreamScanner:
             prev = t
         self.max_gap_ns, self.arrival_groups = gap, groups
         self._prev_ns = prev
+
+    def stats(self) -> StreamStats:
+        """What the stream showed so far, as one frozen value."""
+        first = self.first_event()
+        events = ((first,) if first else ()) + tuple(self.last_events())
+        return StreamStats(self.fmt, self.chunks, self.bytes, self.token_events, self.first_token_ns,
+                           self.last_token_ns, self.max_gap_ns, self.arrival_groups, events)
 
     def first_event(self) -> bytes | None:
         """The first complete event of the stream (id, model and role live there)."""

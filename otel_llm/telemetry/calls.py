@@ -1,6 +1,7 @@
 """The sink of captured calls: start a model call (sampling decision, ``traceparent``), and
-build the rest of its telemetry once when it finishes: phases from the recorded marks,
-attributes from request, response and timeline, the span tree (see ``spans``) and the metrics.
+build the rest of its telemetry once when it finishes, from the capture layer's frozen
+:class:`~otel_llm.capture.record.CallRecord`: phases from its timeline, attributes from request,
+response and timeline, the span tree (see ``spans``) and the metrics.
 """
 
 from __future__ import annotations
@@ -22,10 +23,7 @@ from otel_llm.telemetry.propagation import inject_context
 from otel_llm.telemetry.spans import CallSpan, make_sink
 from otel_llm.telemetry.inflight import Admission, InFlight
 from otel_llm.telemetry.runtime import runtime_attributes, synthesized_spans
-from otel_llm.capture.call import (
-    BODY_SENT, CONNECT_START, END_CANCELLED, END_ERROR, END_EXIT, HEADERS, TLS_START, UPLOAD_START, CallRequest,
-    LlmCall, TlsInfo,
-)
+from otel_llm.capture.record import END_CANCELLED, END_ERROR, END_EXIT, CallRecord, CallRequest, TlsInfo
 from otel_llm.parse.content import stream_text
 from otel_llm.parse.formats import NDJSON
 from otel_llm.parse.request import RequestInfo, parse_request
@@ -36,6 +34,7 @@ from otel_llm.parse.runtimes import RuntimeCounters, runtime_counters
 from otel_llm.version import __version__
 
 if TYPE_CHECKING:
+    from otel_llm.capture.call import LlmCall
     from otel_llm.observers.manager import Observers
 
 _NS = 1e-9
@@ -54,7 +53,7 @@ class _Endpoint:
 
 @dataclass(slots=True)
 class CallState:
-    """The sink's own record of a call in progress (the capture record only carries it)."""
+    """The sink's own record of a call in progress."""
 
     request: RequestInfo
     endpoint: _Endpoint
@@ -89,7 +88,7 @@ class Telemetry:
         self.capture_content = settings.capture_content
         self._spans = make_sink(self.tracer)
         self.observers = observers
-        self.live: dict[int, LlmCall] = {}  # calls not finished yet, by id()
+        self.live: dict[int, tuple[LlmCall, CallState]] = {}  # calls not finished yet, by key
         self._endpoints: dict[tuple[str, str], _Endpoint] = {}
         self._relayed = False
 
@@ -97,7 +96,7 @@ class Telemetry:
     def route(self, path: str) -> Route | None:
         return match_route(path, self._llm_routes)
 
-    def call_started(self, call: LlmCall) -> CallState:
+    def call_started(self, call: LlmCall) -> None:
         """Sampling decision, in-flight admission, ``traceparent`` into the request headers."""
         request = call.request
         info = parse_request(call.route.api, request.body)
@@ -106,18 +105,18 @@ class Telemetry:
                                          _unloads(info))
         attrs = attr_build.request_attributes(endpoint.attributes, info, self.settings.capture_content)
         span = self._spans.start(attr_build.span_name(call.route.operation, info.model), attrs, call.epoch0)
-        state = CallState(info, endpoint, admission, span)
-        self.live[id(call)] = call
         if self.observers is not None:
             self._note_server(self.observers, request, endpoint, span)
         inject_context(request.headers, span)
-        return state
+        self.live[call.key] = (call, CallState(info, endpoint, admission, span))
 
-    def call_finished(self, call: LlmCall) -> None:
-        self.live.pop(id(call), None)
-        state: CallState = call.sink_state
+    def call_finished(self, record: CallRecord) -> None:
+        entry = self.live.pop(record.key, None)
+        if entry is None:  # its start failed (and was logged)
+            return
+        state = entry[1]
         self.in_flight.release(state.admission)
-        self.emit(call, state)
+        self.emit(record, state)
 
     def _endpoint(self, request: CallRequest, route: Route) -> _Endpoint:
         """What depends only on the URL and method, computed once per endpoint: an application
@@ -172,7 +171,7 @@ class Telemetry:
 
     def finish_live_calls(self) -> None:
         """End the calls still open (at process exit), so their spans are exported too."""
-        for call in list(self.live.values()):
+        for call, _ in list(self.live.values()):
             call.finish(END_EXIT)
 
     def _configured_runtime(self, url: str) -> str | None:
@@ -182,12 +181,13 @@ class Telemetry:
         return None
 
     # -- finish --------------------------------------------------------------------------------
-    def emit(self, call: LlmCall, state: CallState) -> None:
-        """Build the call's attributes, phase spans and metrics, once (reading the record only)."""
+    def emit(self, call: CallRecord, state: CallState) -> None:
+        """Build the call's attributes, phase spans and metrics, once."""
         span = state.span
-        scanner = call.scanner
-        first_token = scanner.first_token_ns if scanner is not None else 0
-        phases = compute_phases(call.marks, call.t0, call.t_end, call.streaming, first_token)
+        stream = call.stream
+        first_token = stream.first_token_ns if stream is not None else 0
+        timeline = call.timeline
+        phases = compute_phases(timeline, stream is not None, first_token)
         response = self._parse_response(call)
         attrs = span.attributes
         self._add_end_attributes(call, response, attrs)
@@ -205,10 +205,10 @@ class Telemetry:
                 counters = runtime_counters(response, call.response_headers)
         synthesized = self._runtime_evidence(call, state, counters, phases, first_token, attrs)
         if self.observers is not None:
-            attrs.update(self.observers.call_attributes(call.t0, call.t_end))
+            attrs.update(self.observers.call_attributes(timeline.start, timeline.end))
             self._model(state, attrs)
         children = phases + synthesized
-        self._spans.finish(call, span, error, children,
+        self._spans.finish(timeline, span, error, children,
                            [_phase_attributes(call, p) for p in phases] + [_SYNTHESIZED] * len(synthesized))
         try:
             self.metrics.record(attrs, duration, per_chunk, phases, span.context if span.recording else None,
@@ -242,16 +242,17 @@ class Telemetry:
             log_once("reading the recognized runtime failed")
             return None
 
-    def _runtime_evidence(self, call: LlmCall, state: CallState, counters: RuntimeCounters | None,
+    def _runtime_evidence(self, call: CallRecord, state: CallState, counters: RuntimeCounters | None,
                           phases: list[Phase], first_token: int, attrs: dict[str, Any]) -> list[Phase]:
         """Runtime attributes, diagnosis attributes, and the synthesized runtime spans."""
         if counters is not None:
             if counters.runtime and not state.endpoint.configured:
                 attrs[sc.LLM_RUNTIME_NAME] = attrs[sc.GEN_AI_PROVIDER_NAME] = counters.runtime
             runtime_attributes(counters, attrs)
-        streamed = bool(call.streaming and first_token)
-        anchor = first_token if streamed else call.marks[HEADERS]
-        lower = call.marks[BODY_SENT] or call.t0
+        timeline = call.timeline
+        streamed = bool(call.stream is not None and first_token)
+        anchor = first_token if streamed else timeline.headers
+        lower = timeline.body_sent or timeline.start
         unaccounted = None
         if anchor:
             unaccounted = diagnosis.unaccounted_wait((anchor - lower) * _NS, counters, streamed)
@@ -262,9 +263,9 @@ class Telemetry:
         if cold is not None:
             attrs[sc.LLM_DIAGNOSIS_COLD_START] = cold
         held = buffered = None
-        if streamed and call.scanner is not None:
-            held = diagnosis.held_back(call.scanner, call.marks[HEADERS], call.marks[BODY_SENT], counters)
-            buffered = diagnosis.stream_buffered(call.scanner, held)
+        if streamed and call.stream is not None:
+            held = diagnosis.held_back(call.stream, timeline.headers, timeline.body_sent, counters)
+            buffered = diagnosis.stream_buffered(call.stream, held)
         if buffered is not None:
             attrs[sc.LLM_DIAGNOSIS_STREAM_BUFFERED] = buffered
         attrs[sc.LLM_DIAGNOSIS_CONCURRENT_REQUESTS] = admission.concurrent
@@ -275,29 +276,29 @@ class Telemetry:
             attrs[sc.LLM_DIAGNOSIS_BOTTLENECK] = choke
         if counters is None or not anchor:
             return []
-        return synthesized_spans(counters, anchor, streamed, lower, call.t_end)
+        return synthesized_spans(counters, anchor, streamed, lower, timeline.end)
 
-    def _parse_response(self, call: LlmCall) -> ResponseInfo | None:
+    def _parse_response(self, call: CallRecord) -> ResponseInfo | None:
         api = call.route.api
         headers = call.response_headers
-        if call.scanner is not None:
-            first = call.scanner.first_event()
-            events = ([first] if first else []) + call.scanner.last_events()
-            info = parse_events(api, events, headers)
+        stream = call.stream
+        if stream is not None:
+            info = parse_events(api, stream.events, headers)
             if call.captured is not None:
-                info.output_text = stream_text(api, bytes(call.captured), call.scanner.fmt.framing == NDJSON)
+                info.output_text = stream_text(api, call.captured, stream.format.framing == NDJSON)
             return info
-        if call.body and not call.body_overflow and call.end_reason != END_CANCELLED:
-            return parse_body(api, b"".join(call.body), headers, want_text=self.settings.capture_content)
+        if call.body and call.end_reason != END_CANCELLED:
+            return parse_body(api, call.body, headers, want_text=self.settings.capture_content)
         return None
 
-    def _add_end_attributes(self, call: LlmCall, response: ResponseInfo | None, attrs: dict[str, Any]) -> None:
+    def _add_end_attributes(self, call: CallRecord, response: ResponseInfo | None, attrs: dict[str, Any]) -> None:
         if call.status:
             attrs[sc.HTTP_RESPONSE_STATUS_CODE] = call.status
         if call.http_version:
             attrs[sc.NETWORK_PROTOCOL_VERSION] = call.http_version.rpartition("/")[2]
-        if call.marks[UPLOAD_START] or call.marks[CONNECT_START]:  # known only once sending began
-            attrs[sc.LLM_CLIENT_CONNECTION_REUSED] = not call.marks[CONNECT_START]
+        timeline = call.timeline
+        if timeline.upload_start or timeline.connect_start:  # known only once sending began
+            attrs[sc.LLM_CLIENT_CONNECTION_REUSED] = not timeline.connect_start
         attrs[sc.LLM_CLIENT_END_REASON] = call.end_reason
         if call.peer is not None:
             attrs[sc.NETWORK_PEER_ADDRESS], attrs[sc.NETWORK_PEER_PORT] = call.peer
@@ -332,10 +333,10 @@ def _unloads(info: Any) -> bool:
     return isinstance(keep_alive, str) and keep_alive.strip() in ("0", "0s", "0m", "0h")
 
 
-def _phase_attributes(call: LlmCall, phase: Phase) -> dict[str, Any] | None:
+def _phase_attributes(call: CallRecord, phase: Phase) -> dict[str, Any] | None:
     """The attributes of a transport phase's span (the synthesized ones carry ``_SYNTHESIZED``)."""
     if call.tls is not None and (phase.name == sc.SPAN_TLS or (phase.name == sc.SPAN_CONNECT
-                                                                and not call.marks[TLS_START])):
+                                                                and not call.timeline.tls_start)):
         return _tls_attributes(call.tls)  # a connect step that includes the handshake carries it
     if phase.name == sc.SPAN_DNS:
         return {sc.DNS_QUESTION_NAME: call.request.host}
@@ -353,36 +354,37 @@ def _tls_attributes(tls: TlsInfo) -> dict[str, Any]:
     return attrs
 
 
-def client_timings(call: LlmCall, response: ResponseInfo | None, attrs: dict[str, Any]) -> tuple[float, float | None]:
+def client_timings(call: CallRecord, response: ResponseInfo | None, attrs: dict[str, Any]) -> tuple[float, float | None]:
     """Add the llm.client.* attributes (seconds) to ``attrs``; returns what only the metrics
     need: the call's duration and, for a stream, the mean time between its output chunks."""
-    duration = (call.t_end - call.t0) * _NS
-    headers = call.marks[HEADERS]
-    if headers:
-        attrs[sc.LLM_CLIENT_TIME_TO_FIRST_BYTE] = (headers - call.t0) * _NS
-    scanner = call.scanner
-    if scanner is None:
+    timeline = call.timeline
+    start = timeline.start
+    duration = (timeline.end - start) * _NS
+    if timeline.headers:
+        attrs[sc.LLM_CLIENT_TIME_TO_FIRST_BYTE] = (timeline.headers - start) * _NS
+    stream = call.stream
+    if stream is None:
         return duration, None
-    attrs[sc.LLM_CLIENT_CHUNKS] = scanner.token_events
-    attrs[sc.LLM_CLIENT_RESPONSE_BYTES] = scanner.bytes
-    if not scanner.first_token_ns:
+    attrs[sc.LLM_CLIENT_CHUNKS] = stream.token_events
+    attrs[sc.LLM_CLIENT_RESPONSE_BYTES] = stream.size
+    if not stream.first_token_ns:
         return duration, None
-    ttft = (scanner.first_token_ns - call.t0) * _NS
+    ttft = (stream.first_token_ns - start) * _NS
     attrs[sc.LLM_CLIENT_TIME_TO_FIRST_TOKEN] = ttft
     attrs[sc.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = ttft
-    attrs[sc.LLM_CLIENT_MAX_CHUNK_GAP] = scanner.max_gap_ns * _NS
-    generation = (scanner.last_token_ns - scanner.first_token_ns) * _NS
+    attrs[sc.LLM_CLIENT_MAX_CHUNK_GAP] = stream.max_gap_ns * _NS
+    generation = (stream.last_token_ns - stream.first_token_ns) * _NS
     attrs[sc.LLM_CLIENT_GENERATION_DURATION] = generation
     tokens = response.output_tokens if response is not None and response.output_tokens else None
-    counted = tokens if tokens is not None else scanner.token_events
+    counted = tokens if tokens is not None else stream.token_events
     if generation > 0 and counted > 1:
         attrs[sc.LLM_CLIENT_GENERATION_RATE] = (counted - 1) / generation
-    if scanner.token_events > 1 and generation > 0:
-        return duration, generation / (scanner.token_events - 1)
+    if stream.token_events > 1 and generation > 0:
+        return duration, generation / (stream.token_events - 1)
     return duration, None
 
 
-def _error_type(call: LlmCall) -> str | None:
+def _error_type(call: CallRecord) -> str | None:
     exc = call.exception
     if exc is not None and call.end_reason in (END_ERROR, END_CANCELLED):
         cls = type(exc)
@@ -411,7 +413,7 @@ def _scrubbed(message: str, headers: Any) -> str:
     return message
 
 
-def _error_message(call: LlmCall, response: ResponseInfo | None) -> str:
+def _error_message(call: CallRecord, response: ResponseInfo | None) -> str:
     if response is not None and response.error:
         return _scrubbed(response.error, call.request.headers)
     if call.exception is not None:

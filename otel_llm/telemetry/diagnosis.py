@@ -34,7 +34,7 @@ from otel_llm.parse.framing import GROUP_NS
 
 if TYPE_CHECKING:
     from otel_llm.telemetry.phases import Phase
-    from otel_llm.parse.framing import StreamScanner
+    from otel_llm.parse.framing import StreamStats
     from otel_llm.parse.runtimes import RuntimeCounters
 
 COLD_LOAD_SECONDS = 0.25
@@ -81,37 +81,37 @@ def cold_start(counters: RuntimeCounters | None, after_unload: bool) -> bool | N
     return counters.load_duration >= COLD_LOAD_SECONDS
 
 
-def stream_buffered(scanner: StreamScanner, held: bool | None = None) -> bool | None:
+def stream_buffered(stream: StreamStats, held: bool | None = None) -> bool | None:
     """See the module docstring; ``held`` is :func:`held_back`'s answer for this stream."""
-    tokens = scanner.token_events
-    if tokens < 2 or not scanner.arrival_groups:
+    tokens = stream.token_events
+    if tokens < 2 or not stream.arrival_groups:
         return None
     if held:
         return True
     if tokens < MIN_TOKENS_FOR_BUFFERING:
         return False if held is False else None  # too short for bursts; not held, by the runtime's account
-    span_ns = scanner.last_token_ns - scanner.first_token_ns
+    span_ns = stream.last_token_ns - stream.first_token_ns
     if span_ns <= 0:
         return True  # every token arrived at once
     mean_interval = span_ns / (tokens - 1)
-    return (tokens / scanner.arrival_groups >= BURST_TOKENS
-            and scanner.max_gap_ns >= SILENCE_FACTOR * mean_interval)
+    return (tokens / stream.arrival_groups >= BURST_TOKENS
+            and stream.max_gap_ns >= SILENCE_FACTOR * mean_interval)
 
 
-def held_back(scanner: StreamScanner, head_ns: int, sent_ns: int, counters: RuntimeCounters | None) -> bool | None:
+def held_back(stream: StreamStats, head_ns: int, sent_ns: int, counters: RuntimeCounters | None) -> bool | None:
     """Whether the stream's tokens were held and released together (see the module docstring):
     by the runtime's own generation time when it reports one, else by the response head arriving
     with them; None when neither can tell. ``head_ns``: the response head's arrival, ``sent_ns``:
     the request's (perf-counter nanoseconds, 0 = unknown)."""
-    if scanner.token_events < 2 or not scanner.arrival_groups:
+    if stream.token_events < 2 or not stream.arrival_groups:
         return None
-    span_ns = scanner.last_token_ns - scanner.first_token_ns
+    span_ns = stream.last_token_ns - stream.first_token_ns
     generated = counters.generation_duration if counters is not None else None
     if generated is not None and generated >= HELD_MIN_SECONDS:
         return span_ns * _NS < HELD_SHARE * generated
     if not head_ns or not sent_ns:
         return None
-    head_with_tokens = scanner.arrival_groups == 1 and scanner.first_token_ns - head_ns < GROUP_NS
+    head_with_tokens = stream.arrival_groups == 1 and stream.first_token_ns - head_ns < GROUP_NS
     return True if head_with_tokens and (head_ns - sent_ns) * _NS >= HELD_MIN_SECONDS else None
 
 

@@ -1,4 +1,4 @@
-"""Turn a call's recorded marks into phases that tile the call with no gap or overlap.
+"""Turn a call's timeline into phases that tile the call with no gap or overlap.
 
 Each phase starts where the previous one ended (the first at the call's start), so the tiny
 slices between transport events (microseconds of Python between "connected" and "TLS started")
@@ -12,20 +12,20 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from otel_llm import semconv as sc
-from otel_llm.capture.call import (
-    BODY_SENT, CONNECT_END, CONNECT_START, DNS_END, DNS_START, HEADERS, POOL_END, POOL_START, TLS_END,
-    TLS_START, UPLOAD_START,
-)
+from otel_llm.capture.record import Timeline
 
-# (span name, mark that starts the phase, mark that ends it)
-_TRANSPORT_PHASES = (
-    (sc.SPAN_POOL_WAIT, POOL_START, POOL_END),
-    (sc.SPAN_DNS, DNS_START, DNS_END),
-    (sc.SPAN_CONNECT, CONNECT_START, CONNECT_END),
-    (sc.SPAN_TLS, TLS_START, TLS_END),
-    (sc.SPAN_UPLOAD, UPLOAD_START, BODY_SENT),
-    (sc.SPAN_SERVER_WAIT, BODY_SENT, HEADERS),
+# (span name, the timeline's mark that starts the phase, the mark that ends it)
+_NAMED_PHASES = (
+    (sc.SPAN_POOL_WAIT, "pool_start", "pool_end"),
+    (sc.SPAN_DNS, "dns_start", "dns_end"),
+    (sc.SPAN_CONNECT, "connect_start", "connect_end"),
+    (sc.SPAN_TLS, "tls_start", "tls_end"),
+    (sc.SPAN_UPLOAD, "upload_start", "body_sent"),
+    (sc.SPAN_SERVER_WAIT, "body_sent", "headers"),
 )
+# the same by position in the tuple: one index per mark instead of an attribute lookup by name
+_TRANSPORT_PHASES = tuple((name, Timeline._fields.index(start), Timeline._fields.index(end))
+                          for name, start, end in _NAMED_PHASES)
 
 
 class Phase(NamedTuple):
@@ -35,11 +35,12 @@ class Phase(NamedTuple):
     complete: bool  # False when the call ended inside this phase
 
 
-def compute_phases(
-    marks: list[int], t0: int, t_end: int, streaming: bool, first_token_ns: int,
-) -> list[Phase]:
-    """Phases of one call in perf-counter nanoseconds, in order, tiling ``[t0, t_end]``."""
+def compute_phases(timeline: Timeline, streaming: bool, first_token_ns: int) -> list[Phase]:
+    """Phases of one call in perf-counter nanoseconds, in order, tiling its timeline from start
+    to end."""
     phases: list[Phase] = []
+    marks = timeline
+    t0, t_end = timeline.start, timeline.end
     cursor = t0
     for name, start_mark, end_mark in _TRANSPORT_PHASES:
         if not marks[start_mark]:
@@ -51,7 +52,7 @@ def compute_phases(
         end = min(max(end, cursor), t_end)
         phases.append(Phase(name, cursor, end, True))
         cursor = end
-    if not marks[HEADERS]:
+    if not timeline.headers:
         if not phases and t_end > t0:  # failed before any transport event
             phases.append(Phase(sc.SPAN_UPLOAD, t0, t_end, False))
         return phases

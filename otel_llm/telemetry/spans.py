@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace import Tracer as SdkTracer
 
     from otel_llm.telemetry.phases import Phase
-    from otel_llm.capture.call import LlmCall
+    from otel_llm.capture.record import Timeline
 
 PhaseAttributes = Mapping[str, Any] | None
 SpanEvent = tuple[str, Mapping[str, Any]]  # (name, attributes), at the call's start
@@ -96,12 +96,12 @@ class SdkSpanSink:
             instrumentation_scope=self._scope,
         ))
 
-    def finish(self, call: LlmCall, span: CallSpan, error: str | None,
+    def finish(self, timeline: Timeline, span: CallSpan, error: str | None,
                phases: Sequence[Phase], phase_attributes: Sequence[PhaseAttributes]) -> None:
         if not span.recording:
             return
         context = span.context
-        shift = call.epoch0 - call.t0  # perf-counter ns to epoch ns (LlmCall.to_epoch)
+        shift = timeline.epoch - timeline.start  # perf-counter ns to epoch ns (Timeline.to_epoch)
         trace_id, flags, state = context.trace_id, context.trace_flags, context.trace_state
         new_id = self._ids.generate_span_id
         for phase, attributes in zip(phases, phase_attributes):
@@ -109,9 +109,9 @@ class SdkSpanSink:
             self.emit(phase.name, child, context, SpanKind.INTERNAL, attributes, phase.start_ns + shift,
                       phase.end_ns + shift, _ERROR if (error and not phase.complete) else _UNSET)
         events = () if span.events is None else tuple(
-            self._event(name, attributes, call.epoch0) for name, attributes in span.events)
-        self.emit(span.name, context, span.parent, SpanKind.CLIENT, span.attributes, call.epoch0,
-                  call.t_end + shift, _call_status(error), events)
+            self._event(name, attributes, timeline.epoch) for name, attributes in span.events)
+        self.emit(span.name, context, span.parent, SpanKind.CLIENT, span.attributes, timeline.epoch,
+                  timeline.end + shift, _call_status(error), events)
 
 
 class ApiSpanSink:
@@ -124,7 +124,7 @@ class ApiSpanSink:
         live = self._tracer.start_span(name, kind=SpanKind.CLIENT, attributes=attributes, start_time=start_time)
         return CallSpan(live.get_span_context(), None, live.is_recording(), name, attributes, live)
 
-    def finish(self, call: LlmCall, span: CallSpan, error: str | None,
+    def finish(self, timeline: Timeline, span: CallSpan, error: str | None,
                phases: Sequence[Phase], phase_attributes: Sequence[PhaseAttributes]) -> None:
         live = span.live
         if not span.recording:
@@ -132,17 +132,17 @@ class ApiSpanSink:
             return
         live.set_attributes(span.attributes)
         for name, attributes in span.events or ():
-            live.add_event(name, attributes, timestamp=call.epoch0)
+            live.add_event(name, attributes, timestamp=timeline.epoch)
         context = trace.set_span_in_context(live)
         for phase, child_attributes in zip(phases, phase_attributes):
             child = self._tracer.start_span(
                 phase.name, context=context, kind=SpanKind.INTERNAL,
-                start_time=call.to_epoch(phase.start_ns), attributes=child_attributes,
+                start_time=timeline.to_epoch(phase.start_ns), attributes=child_attributes,
             )
             child.set_status(_phase_status(phase, error))
-            child.end(end_time=call.to_epoch(phase.end_ns))
+            child.end(end_time=timeline.to_epoch(phase.end_ns))
         live.set_status(_call_status(error))
-        live.end(end_time=call.to_epoch(call.t_end))
+        live.end(end_time=timeline.to_epoch(timeline.end))
 
 
 _UNSET = Status(StatusCode.UNSET)

@@ -1,5 +1,6 @@
-"""LlmCall, the record of one model call: what each timeline method writes, how chunks are folded
-into the scanner or the bounded body, and that ``finish`` hands the record to the sink exactly once."""
+"""LlmCall, the recording of one model call: what each timeline method writes, how chunks are
+folded into the scanner or the bounded body, and that ``finish`` hands the sink one frozen
+record, exactly once."""
 
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ import pytest
 from otel_llm._log import reset_log_once
 from otel_llm.capture import call as call_module
 from otel_llm.capture.call import (
-    BODY_SENT, CONNECT_END, CONNECT_START, DNS_END, DNS_START, END_CANCELLED, END_CLOSED, END_EOF, END_ERROR,
-    END_GC, FOLD_BYTES, HEADERS, N_MARKS, POOL_END, POOL_START, TLS_END, TLS_START, UPLOAD_START, CallRequest,
-    LlmCall, TlsInfo,
+    END_CANCELLED, END_CLOSED, END_EOF, END_ERROR, END_GC, FOLD_BYTES, CallRecord, CallRequest, LlmCall, Timeline,
+    TlsInfo,
 )
+from otel_llm.capture.record import MARKS
 from otel_llm.parse import routes
 from otel_llm.parse.formats import NDJSON, SSE
 
@@ -26,25 +27,26 @@ OLLAMA = routes.Route(routes.API_OLLAMA_CHAT, routes.OP_CHAT, "ollama")
 
 
 class _Sink:
-    """Records what the seam hands over; ``seen`` is a copy of the record at call_finished."""
+    """Records what the seam hands over: the calls started, the records finished."""
 
     def __init__(self, capture_content: bool = False, fail: bool = False) -> None:
         self.capture_content = capture_content
         self.fail = fail
         self.started: list[LlmCall] = []
         self.finished: list[dict[str, Any]] = []
+        self.records: list[CallRecord] = []
 
     def route(self, path: str) -> routes.Route | None:
         return routes.match_route(path)
 
-    def call_started(self, call: LlmCall) -> Any:
+    def call_started(self, call: LlmCall) -> None:
         self.started.append(call)
         call.request.headers["traceparent"] = "00-x"
-        return ("state", len(self.started))
 
-    def call_finished(self, call: LlmCall) -> None:
-        self.finished.append({"reason": call.end_reason, "exception": call.exception, "t_end": call.t_end,
-                              "body": b"".join(call.body), "chunks": list(call.chunks)})
+    def call_finished(self, record: CallRecord) -> None:
+        self.records.append(record)
+        self.finished.append({"reason": record.end_reason, "exception": record.exception,
+                              "t_end": record.timeline.end, "body": record.body})
         if self.fail:
             raise RuntimeError("sink bug")
 
@@ -66,38 +68,34 @@ def test_call_request_fields_and_order() -> None:
     assert request.url.endswith("?x=1")
 
 
-def test_open_gives_the_sink_the_call_and_keeps_its_state() -> None:
+def test_open_tells_the_sink_which_call_started() -> None:
     headers: dict[str, str] = {}
     sink = _Sink()
     call = LlmCall.open(sink, CHAT, _request(headers))
-    assert sink.started == [call]
-    assert call.sink_state == ("state", 1)
+    assert sink.started == [call] and call.key == id(call)
     assert headers == {"traceparent": "00-x"}  # the sink writes trace context into the request's carrier
-    assert call.marks == [0] * N_MARKS and not call.finished and not call.streaming
+    assert call.timeline() == Timeline(call.t0, call.epoch0, 0) and not call.finished and not call.streaming
     assert call.route is CHAT and call.status == 0 and call.end_reason == ""
-
-
-def test_mark_indices_are_distinct_and_fill_the_list() -> None:
-    indices = [CONNECT_START, DNS_START, DNS_END, CONNECT_END, TLS_START, TLS_END, UPLOAD_START, BODY_SENT,
-               HEADERS, POOL_START, POOL_END]
-    assert sorted(indices) == list(range(N_MARKS))
 
 
 def test_each_timeline_method_stamps_its_own_mark_in_order() -> None:
     call, _ = _open()
-    steps = [(call.dns_started, DNS_START), (call.dns_done, DNS_END), (call.connect_started, CONNECT_START),
-             (lambda: call.connected(("10.0.0.1", 443)), CONNECT_END), (call.tls_started, TLS_START),
-             (lambda: call.tls_done("TLSv1.3", "TLS_AES_128_GCM_SHA256", "h2"), TLS_END),
-             (call.request_started, UPLOAD_START), (call.request_sent, BODY_SENT),
-             (lambda: call.headers_received("2"), HEADERS)]
+    steps = [(call.dns_started, "dns_start"), (call.dns_done, "dns_end"), (call.connect_started, "connect_start"),
+             (lambda: call.connected(("10.0.0.1", 443)), "connect_end"), (call.tls_started, "tls_start"),
+             (lambda: call.tls_done("TLSv1.3", "TLS_AES_128_GCM_SHA256", "h2"), "tls_end"),
+             (call.request_started, "upload_start"), (call.request_sent, "body_sent"),
+             (lambda: call.headers_received("2"), "headers")]
     stamped = []
-    for step, index in steps:
+    for step, name in steps:
         before = call_module.perf_ns()
         step()
-        assert before <= call.marks[index] <= call_module.perf_ns()
-        stamped.append(call.marks[index])
+        mark = getattr(call.timeline(), name)
+        assert before <= mark <= call_module.perf_ns(), name
+        stamped.append(mark)
     assert stamped == sorted(stamped)
-    assert call.marks[POOL_START] == call.marks[POOL_END] == 0  # no pool wait happened
+    timeline = call.timeline()
+    assert timeline.pool_start == timeline.pool_end == 0  # no pool wait happened
+    assert sorted(MARKS) == sorted([name for _, name in steps] + ["pool_end", "pool_start"])
     assert call.peer == ("10.0.0.1", 443)
     assert call.tls == TlsInfo("TLSv1.3", "TLS_AES_128_GCM_SHA256", "h2")
     assert call.http_version == "2"
@@ -107,7 +105,7 @@ def test_pool_wait_keeps_the_first_start_and_the_last_end() -> None:
     call, _ = _open()
     call.pool_wait(100, 200)
     call.pool_wait(300, 450)
-    assert (call.marks[POOL_START], call.marks[POOL_END]) == (100, 450)
+    assert (call.timeline().pool_start, call.timeline().pool_end) == (100, 450)
 
 
 def test_peer_and_tls_details_are_not_lost() -> None:
@@ -135,12 +133,12 @@ def test_headers_received_without_a_version_keeps_the_known_one() -> None:
 def test_response_started_keeps_an_earlier_headers_mark() -> None:
     call, _ = _open()
     call.headers_received()
-    first = call.marks[HEADERS]
+    first = call.timeline().headers
     call.response_started(200, {"Content-Type": "application/json"})
-    assert call.marks[HEADERS] == first
+    assert call.timeline().headers == first
     other, _ = _open()
     other.response_started(200, {})
-    assert other.marks[HEADERS] > 0
+    assert other.timeline().headers > 0
 
 
 def test_response_started_lowercases_headers_and_picks_whole_body_parsing() -> None:
@@ -269,9 +267,10 @@ def test_a_failing_scanner_is_logged_once_and_never_raises(caplog: pytest.LogCap
 def test_to_epoch_shifts_by_the_anchor() -> None:
     call, _ = _open()
     call.t0, call.epoch0 = 5_000, 1_700_000_000_000_000_000
-    assert call.to_epoch(5_000) == 1_700_000_000_000_000_000
-    assert call.to_epoch(7_500) == 1_700_000_000_000_002_500
-    assert call.to_epoch(4_000) == 1_699_999_999_999_999_000
+    timeline = call.timeline()
+    assert timeline.to_epoch(5_000) == 1_700_000_000_000_000_000
+    assert timeline.to_epoch(7_500) == 1_700_000_000_000_002_500
+    assert timeline.to_epoch(4_000) == 1_699_999_999_999_999_000
 
 
 def test_the_anchor_pairs_the_call_start_with_the_wall_clock() -> None:
@@ -289,8 +288,8 @@ def test_finish_folds_what_is_left_then_hands_over_once() -> None:
     call.finish(END_EOF, at_ns=123)
     call.finish(END_ERROR, ValueError("late"))
     call.finish_from_exception(GeneratorExit())
-    assert sink.finished == [{"reason": END_EOF, "exception": None, "t_end": 123, "body": b'{"a":1}', "chunks": []}]
-    assert call.finished and call.end_reason == END_EOF and call.t_end == 123
+    assert sink.finished == [{"reason": END_EOF, "exception": None, "t_end": 123, "body": b'{"a":1}'}]
+    assert call.finished and call.end_reason == END_EOF and call.t_end == 123 and call.chunks == []
 
 
 def test_finish_without_a_time_stamps_now() -> None:
@@ -321,9 +320,9 @@ def test_a_failing_sink_is_logged_and_the_call_stays_finished(caplog: pytest.Log
 
 def test_finish_from_inside_the_sink_does_not_deadlock_or_repeat() -> None:
     class Reentrant(_Sink):
-        def call_finished(self, call: LlmCall) -> None:
-            super().call_finished(call)
-            call.finish(END_GC)  # e.g. the response collected while the sink runs
+        def call_finished(self, record: CallRecord) -> None:
+            super().call_finished(record)
+            self.started[-1].finish(END_GC)  # e.g. the response collected while the sink runs
 
     call, sink = _open(Reentrant())
     call.finish(END_EOF)
@@ -358,3 +357,48 @@ def test_finish_from_exception_maps_the_way_the_call_ended(exc: BaseException, r
     call.finish_from_exception(exc)
     assert sink.finished[0]["reason"] == reason
     assert sink.finished[0]["exception"] is (exc if kept else None)
+
+
+def test_the_record_of_a_stream_carries_its_statistics_and_events() -> None:
+    call, sink = _open(_Sink(capture_content=True))
+    call.request_started()
+    call.request_sent()
+    call.response_started(200, {"Content-Type": "text/event-stream", "X-Request-Id": "r1"})
+    frames = [b'data: {"id":"c1","choices":[{"delta":{"role":"assistant","content":""}}]}\n\n',
+              b'data: {"choices":[{"delta":{"content":"Hi"}}]}\n\n',
+              b'data: {"choices":[{"delta":{"content":"!"}}]}\n\ndata: [DONE]\n\n']
+    for frame in frames:
+        call.chunk(frame)
+    call.finish(END_EOF)
+    record, = sink.records
+    assert record.key == call.key and record.route is CHAT and record.status == 200
+    assert record.response_headers == {"content-type": "text/event-stream", "x-request-id": "r1"}
+    assert record.body is None and record.captured == b"".join(frames)
+    stream = record.stream
+    assert stream is not None and stream.format.framing == SSE
+    assert (stream.chunks, stream.size, stream.token_events) == (3, len(b"".join(frames)), 2)
+    assert 0 < stream.first_token_ns <= stream.last_token_ns <= record.timeline.end
+    assert stream.events[0].startswith(b'data: {"id":"c1"') and stream.events[-1] == b"data: [DONE]"
+    timeline = record.timeline
+    assert timeline.start < timeline.upload_start <= timeline.body_sent <= timeline.headers <= timeline.end
+    assert timeline.connect_start == 0  # a reused connection
+
+
+def test_the_record_is_frozen() -> None:
+    call, sink = _open()
+    call.finish(END_EOF)
+    record = sink.records[0]
+    with pytest.raises(AttributeError):
+        record.status = 500  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        record.timeline.headers = 1  # type: ignore[misc]
+    assert record.stream is None and record.body == b"" and record.captured is None
+
+
+def test_the_record_of_an_overflowed_body_has_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(call_module, "BODY_LIMIT", 4)
+    call, sink = _open()
+    call.response_started(200, {"content-type": "application/json"})
+    call.chunk(b"0123456789")
+    call.finish(END_EOF)
+    assert sink.records[0].body is None  # too large to parse: nothing, rather than a truncated body

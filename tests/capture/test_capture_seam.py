@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from otel_llm import semconv as sc
-from otel_llm.capture.call import END_EOF, CallRequest, LlmCall
+from otel_llm.capture.call import END_EOF, CallRecord, CallRequest, LlmCall
 from otel_llm.instrumentor import current_telemetry
 from tests.conftest import Otel, configure_sim
 
@@ -47,11 +47,12 @@ def test_capture_imports_nothing_that_builds_or_exports_telemetry() -> None:
 
 
 def test_telemetry_knows_capture_only_through_the_seam() -> None:
-    """Building spans and metrics depends on the seam's types, never on an adapter."""
+    """Building spans and metrics depends on the seam's types (the call and its record), never on
+    an adapter."""
+    seam = ("otel_llm.capture.call", "otel_llm.capture.record")
     for module, names in _imports("telemetry").items():
         capture = {n for n in names if n.startswith("otel_llm.capture")}
-        assert all(n == "otel_llm.capture.call" or n.startswith("otel_llm.capture.call.") for n in capture), \
-            (module, capture)
+        assert all(n in seam or n.startswith(tuple(m + "." for m in seam)) for n in capture), (module, capture)
 
 
 def _snapshot(value: Any) -> Any:
@@ -64,7 +65,7 @@ def _snapshot(value: Any) -> Any:
 
 def _record(call: LlmCall) -> dict[str, Any]:
     return {name: _snapshot(getattr(call, name)) for name in LlmCall.__slots__
-            if name not in ("_lock", "__weakref__", "sink", "sink_state", "request")}
+            if name not in ("_lock", "__weakref__", "sink", "request")}
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -76,10 +77,11 @@ def test_the_sink_does_not_write_into_the_record(sim, otel: Otel, monkeypatch: p
     seen: list[tuple[dict[str, Any], dict[str, Any]]] = []
     original = type(sink).call_finished
 
-    def checked(self: Any, call: LlmCall) -> None:
-        before = _record(call)
-        original(self, call)
-        seen.append((before, _record(call)))
+    def checked(self: Any, record: CallRecord) -> None:
+        call = self.live[record.key][0]
+        before = {**_record(call), "record": _snapshot(record._replace(request=None))}
+        original(self, record)
+        seen.append((before, {**_record(call), "record": _snapshot(record._replace(request=None))}))
 
     monkeypatch.setattr(type(sink), "call_finished", checked)
     httpx.post(f"{sim.base_url}/api/chat", json={**CHAT, "stream": stream}, timeout=10)

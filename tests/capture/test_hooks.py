@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from otel_llm.capture import hooks
-from otel_llm.capture.call import END_EOF, END_GC, POOL_END, POOL_START, CallRequest, LlmCall, perf_ns
+from otel_llm.capture.call import END_EOF, END_GC, CallRecord, CallRequest, LlmCall, perf_ns
 from otel_llm.capture.hooks import body_bytes, flush_collected, loaded, optional_module, start_reaper, timed_wait, watch
 from otel_llm.parse import routes
 
@@ -29,11 +29,11 @@ class _Sink:
     def route(self, path: str) -> routes.Route | None:
         return CHAT
 
-    def call_started(self, call: LlmCall) -> Any:
-        return None
+    def call_started(self, call: LlmCall) -> None:
+        pass
 
-    def call_finished(self, call: LlmCall) -> None:
-        self.finished.append((call.end_reason, call.t_end))
+    def call_finished(self, record: CallRecord) -> None:
+        self.finished.append((record.end_reason, record.timeline.end))
 
 
 def _call() -> tuple[LlmCall, _Sink]:
@@ -99,7 +99,7 @@ def test_timed_wait_reports_the_wait_and_returns_its_value() -> None:
     assert timed_wait(call, wait, (1, 2), {"timeout": 3}) == "connection"
     after = perf_ns()
     assert seen == [((1, 2), {"timeout": 3})]
-    assert before <= call.marks[POOL_START] <= call.marks[POOL_END] <= after
+    assert before <= call.timeline().pool_start <= call.timeline().pool_end <= after
 
 
 def test_timed_wait_reports_a_wait_that_failed() -> None:
@@ -110,7 +110,7 @@ def test_timed_wait_reports_a_wait_that_failed() -> None:
 
     with pytest.raises(TimeoutError, match="pool timeout"):
         timed_wait(call, wait, (), {})
-    assert 0 < call.marks[POOL_START] <= call.marks[POOL_END]
+    assert 0 < call.timeline().pool_start <= call.timeline().pool_end
 
 
 def test_loaded_never_imports() -> None:

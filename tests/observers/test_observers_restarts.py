@@ -13,7 +13,6 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import openai
@@ -27,6 +26,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import otel_llm
 from otel_llm import semconv as sc
+from otel_llm.capture.record import Timeline
 from otel_llm._log import reset_log_once
 from otel_llm.observers.oom import OomWatch, dmesg_victim, oom_victim
 from otel_llm.observers.registry import ServerRegistry
@@ -253,17 +253,17 @@ def test_the_call_span_carries_its_events(sdk: bool) -> None:
     tracer = provider.get_tracer("test")
     assert type(tracer) is SdkTracer
     sink = SdkSpanSink(tracer) if sdk else ApiSpanSink(tracer)
-    call = SimpleNamespace(t0=0, epoch0=1_000_000_000, t_end=2_000, to_epoch=lambda ns: 1_000_000_000 + ns)
-    plain = sink.start("chat m", {"a": 1}, call.epoch0)
-    marked = sink.start("chat m", {"a": 2}, call.epoch0)
+    timeline = Timeline(0, 1_000_000_000, 2_000)
+    plain = sink.start("chat m", {"a": 1}, timeline.epoch)
+    marked = sink.start("chat m", {"a": 2}, timeline.epoch)
     marked.events = [(sc.EVENT_RUNTIME_RESTARTED, {sc.LLM_RUNTIME_PREVIOUS_PID: 7})]
     for span in (plain, marked):
-        sink.finish(call, span, None, [], [])
+        sink.finish(timeline, span, None, [], [])
     spans = {s.attributes["a"]: s for s in exporter.get_finished_spans()}
     assert spans[1].events == ()
     (event,) = spans[2].events
     assert (event.name, dict(event.attributes), event.timestamp) == (
-        sc.EVENT_RUNTIME_RESTARTED, {sc.LLM_RUNTIME_PREVIOUS_PID: 7}, call.epoch0)
+        sc.EVENT_RUNTIME_RESTARTED, {sc.LLM_RUNTIME_PREVIOUS_PID: 7}, timeline.epoch)
 
 
 # --- OOM kills from /proc/vmstat readings -------------------------------------------------------------
