@@ -1,1 +1,1 @@
-"""Parsers for model-API requests and responses: pure functions, no I/O."""
+"""Parsers for model-API requests and responses, and the incremental scanner of a stream: no I/O."""

@@ -16,7 +16,7 @@ from otel_llm.observers.registry import ServerRegistry
 from otel_llm.observers.runtime_state import MAX_FAILURES, RuntimeStateObserver
 from otel_llm.observers.sampler import HostSampler
 
-from tests.observers.test_observers_runtime import LOOPBACK, FakeRuntime, _text, fake  # noqa: F401 (fixture)
+from tests.observers.test_observers_runtime_state import LOOPBACK, FakeRuntime, _text, fake  # noqa: F401 (fixture)
 
 
 def _wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> bool:

@@ -23,7 +23,7 @@ from otel_llm.observers.registry import ServerRegistry
 from otel_llm.observers.runtime_state import MAX_FAILURES, RuntimeStateObserver
 from tests.conftest import make_otel
 from tests.helpers_servers import LOOPBACK, ModelServer, wait_for
-from tests.observers.test_observers_runtime import FakeRuntime, _text, fake  # noqa: F401 (fixture)
+from tests.observers.test_observers_runtime_state import FakeRuntime, _text, fake  # noqa: F401 (fixture)
 
 # A stand-in runtime in its own process: answers /metrics like llama-server and /api/ps like
 # Ollama (with the status given), and appends the path of every request it receives to a file.
