@@ -18,6 +18,7 @@ import psutil
 
 from otel_llm._log import log_once
 from otel_llm.observers.registry import Server, ServerRegistry
+from otel_llm.observers.sockets import listeners
 from otel_llm.parse.runtimes import OBSERVED
 
 RuntimeProcess = tuple[psutil.Process, str | None]
@@ -134,25 +135,10 @@ class RuntimeProcesses:
 
     def _listeners(self, ports: set[int]) -> dict[int, psutil.Process]:
         """port -> the process listening on it, for ``ports``."""
-        try:
-            connections = psutil.net_connections(kind="tcp")
-        except psutil.AccessDenied:
-            # macOS and some hardened kernels need root for the system-wide table: ask each
-            # process we may inspect for its own sockets instead (only at refresh time).
-            return self._listeners_per_process(ports)
         found: dict[int, psutil.Process] = {}
-        for c in connections:
-            if c.status == psutil.CONN_LISTEN and c.pid and c.laddr and c.laddr.port in ports:
-                proc = self._reuse(_process(c.pid))
-                if proc is not None:
-                    found[c.laddr.port] = proc
-        return found
-
-    def _listeners_per_process(self, ports: set[int]) -> dict[int, psutil.Process]:
-        found: dict[int, psutil.Process] = {}
-        for proc in psutil.process_iter():
-            for port in _listening_ports(proc) & ports:
-                found[port] = proc
+        for port, proc in _listening_sockets(ports):
+            if proc is not None:
+                found[port] = self._reuse(proc) or proc
         return found
 
     # -- by name ----------------------------------------------------------------------------------
@@ -179,7 +165,7 @@ class Listener(NamedTuple):
 def listening_runtimes(ports: set[int]) -> dict[int, Listener]:
     """port -> its listeners, for the ports of ``ports`` that something on this host listens on.
 
-    Read from /proc alone (psutil): no request is sent to find out. A port has a runtime only
+    Read from the kernel (sock_diag and /proc, or psutil): no request is sent to find out. A port has a runtime only
     when every process listening on it is the same known runtime and none is this process (the
     application, or a test server it runs, is never a model runtime to poll)."""
     own = os.getpid()
@@ -197,6 +183,11 @@ def listening_runtimes(ports: set[int]) -> dict[int, Listener]:
 def _listening_sockets(ports: set[int]) -> Iterator[tuple[int, psutil.Process | None]]:
     """(port, owner) of each listening TCP socket on ``ports``; None when the owner is hidden
     (another user's process, seen without privileges)."""
+    owners = listeners(ports)  # Linux: the listening sockets alone, from the kernel
+    if owners is not None:
+        for port, pid in owners:
+            yield port, _process(pid) if pid else None
+        return
     try:
         connections = psutil.net_connections(kind="tcp")
     except psutil.AccessDenied:  # macOS without root: each visible process's own sockets

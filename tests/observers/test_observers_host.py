@@ -22,7 +22,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from otel_llm._log import reset_log_once
-from otel_llm.observers import host
+from otel_llm.observers import host, processes
 from otel_llm.observers.host import HostObserver, read_vmstat
 from otel_llm.observers.processes import RuntimeProcesses, runtime_for_name
 from otel_llm.observers.registry import ServerRegistry
@@ -314,6 +314,7 @@ def test_unexpected_errors_and_missing_vmstat_never_reach_the_sdk(
 
 def test_runtime_discovery_failure_keeps_this_process(
         observed: Observed, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(processes, "listeners", lambda ports: None)  # no sock_diag: psutil is asked
     monkeypatch.setattr(psutil, "process_iter", _raise(psutil.AccessDenied()))
     monkeypatch.setattr(psutil, "net_connections", _raise(psutil.AccessDenied()))
     observed.registry.note("127.0.0.1", 1, "ollama")
