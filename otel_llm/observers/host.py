@@ -15,6 +15,7 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from otel_llm import semconv as sc
 from otel_llm._log import log_once
+from otel_llm._types import Attributes
 from otel_llm.observers.processes import RuntimeProcesses
 from otel_llm.semconv import (  # noqa: F401 - names callers import from here too
     METRIC_SYSTEM_CPU_UTILIZATION, METRIC_SYSTEM_MEMORY_USAGE, METRIC_SYSTEM_MEMORY_UTILIZATION,
@@ -243,14 +244,14 @@ class HostObserver:
             log_once(f"host observer: reading {what} of a process failed")
         return None
 
-    def _attributes(self, proc: psutil.Process, key: tuple[int, float], runtime: str | None) -> dict[str, Any]:
+    def _attributes(self, proc: psutil.Process, key: tuple[int, float], runtime: str | None) -> Attributes:
         name = self._names.get(key)
         if name is None:
             try:
                 name = self._names[key] = proc.name()
             except _EXPECTED:
                 name = ""
-        attrs: dict[str, Any] = {PROCESS_PID: proc.pid}
+        attrs: Attributes = {PROCESS_PID: proc.pid}
         if name:
             attrs[PROCESS_EXECUTABLE_NAME] = name
         if runtime is not None:

@@ -22,6 +22,7 @@ from opentelemetry.metrics import Meter, MeterProvider
 
 from otel_llm import semconv as sc
 from otel_llm._log import log_once
+from otel_llm._types import Attributes
 from otel_llm.observers.activity import IDLE_AFTER, Activity
 from otel_llm.observers.poll_policy import POLL_LOCAL
 from otel_llm.observers.registry import ServerRegistry
@@ -47,11 +48,11 @@ class _ShutsDown(Protocol):
     def shutdown(self) -> None: ...
 
 
-_NO_ATTRIBUTES: dict[str, Any] = {}  # never mutated: callers only read what model_attributes returns
+_NO_ATTRIBUTES: Attributes = {}  # never mutated: callers only read what model_attributes returns
 
 
 @functools.lru_cache(maxsize=64)
-def _model_attributes(info: ModelInfo) -> dict[str, Any]:
+def _model_attributes(info: ModelInfo) -> Attributes:
     """Built once per distinct model metadata (a frozen ModelInfo), not once per call."""
     found = {sc.LLM_MODEL_CONTEXT_LENGTH: info.context_length, sc.LLM_MODEL_NAME: info.model,
              sc.LLM_MODEL_QUANTIZATION: info.quantization, sc.LLM_MODEL_SLOTS: info.slots,
@@ -77,7 +78,7 @@ class Observers:
         self._stoppable: list[_Stops | _ShutsDown] = []
         # (host, port) -> the llm.runtime.restarted event its next call carries; the restart
         # watch adds, the call path pops, neither locks (single dict operations)
-        self.pending_restarts: dict[tuple[str, int], dict[str, Any]] = {}
+        self.pending_restarts: dict[tuple[str, int], Attributes] = {}
         self.processes = _try("runtime process finder", self._processes) if (host or gpu) else None
         self.runtime_state = _try("runtime-state observer", self._runtime, meter) if runtime else None
         self.gpu = _try("GPU observer", self._gpu, meter) if gpu else None
@@ -149,12 +150,12 @@ class Observers:
                 found[attribute] = int(value)
         return found
 
-    def take_restart(self, host: str, port: int) -> dict[str, Any] | None:
+    def take_restart(self, host: str, port: int) -> Attributes | None:
         """The restart event pending for host:port, removed: the call starting now carries it.
         Callers test ``pending_restarts`` first (empty: nothing to take)."""
         return self.pending_restarts.pop((host, port), None)
 
-    def model_attributes(self, host: str, port: int, model: str | None = None) -> dict[str, Any]:
+    def model_attributes(self, host: str, port: int, model: str | None = None) -> Attributes:
         """The ``llm.model.*`` attributes of the model the runtime at host:port reported serving
         (``model``: the one the call asked for, where the runtime loads several); the same
         dictionary for the same metadata, to be read, never changed."""
@@ -165,11 +166,11 @@ class Observers:
         """The runtime the observers recognized at host:port (see ``RuntimeStateObserver.runtime_of``)."""
         return self.runtime_state.runtime_of(host, port) if self.runtime_state is not None else None
 
-    def call_attributes(self, start_ns: int, end_ns: int) -> dict[str, Any]:
+    def call_attributes(self, start_ns: int, end_ns: int) -> Attributes:
         """The llm.host.* evidence for a call that ran in [start_ns, end_ns] (perf-counter ns)."""
         if self.sampler is None:
             return {}
-        attributes: dict[str, Any] = self.sampler.window_attributes(start_ns, end_ns)
+        attributes: Attributes = self.sampler.window_attributes(start_ns, end_ns)
         return attributes
 
     def stop(self) -> None:

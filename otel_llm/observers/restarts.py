@@ -32,6 +32,7 @@ import psutil
 
 from otel_llm import semconv as sc
 from otel_llm._log import log_once, logger
+from otel_llm._types import Attributes
 from otel_llm.observers.processes import Listener, listening_runtimes
 from otel_llm.observers.registry import ServerRegistry
 
@@ -40,7 +41,7 @@ from otel_llm.observers.registry import ServerRegistry
 RESCAN = 5.0
 
 Identify = Callable[[set[int]], Mapping[int, Listener]]
-PendingEvents = dict[tuple[str, int], dict[str, Any]]
+PendingEvents = dict[tuple[str, int], Attributes]
 
 
 @dataclass
@@ -49,7 +50,7 @@ class _Watched:
     runtime: str | None
     checked_at: float
     lost: int | None = None  # the pid that went away, while nothing listens since
-    event: dict[str, Any] | None = None  # that disappearance's event (completed if the server comes back)
+    event: Attributes | None = None  # that disappearance's event (completed if the server comes back)
 
 
 class RestartWatch:
@@ -126,12 +127,12 @@ class RestartWatch:
             return  # the same process (a liveness test that raced its own exit)
         if new is None:
             logger.warning("otel_llm: the model server at %s:%s disappeared (pid %s)", host, port, old)
-            event: dict[str, Any] = {sc.LLM_RUNTIME_PREVIOUS_PID: old}
+            event: Attributes = {sc.LLM_RUNTIME_PREVIOUS_PID: old}
             self._watched[port].lost, self._watched[port].event = old, event
         else:
             logger.warning("otel_llm: the model server at %s:%s restarted (pid %s -> %s)", host, port, old, new)
             event = {sc.LLM_RUNTIME_PREVIOUS_PID: old, sc.LLM_RUNTIME_PID: new}
-        attrs: dict[str, Any] = {sc.SERVER_ADDRESS: host, sc.SERVER_PORT: port}
+        attrs: Attributes = {sc.SERVER_ADDRESS: host, sc.SERVER_PORT: port}
         name = runtime or watched.runtime
         if name is not None:
             attrs[sc.LLM_RUNTIME_NAME] = name

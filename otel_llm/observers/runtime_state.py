@@ -77,6 +77,7 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from otel_llm import semconv as sc
 from otel_llm._log import logger
+from otel_llm._types import Attributes
 from otel_llm.observers.activity import Activity
 from otel_llm.observers.poll_policy import PollPolicy
 from otel_llm.observers.registry import Server, ServerRegistry
@@ -148,7 +149,7 @@ def _attached(ctx: context.Context) -> Iterator[None]:
 _OTEL_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_./-]{0,254}\Z")
 _COUNTER, _GAUGE = "counter", "gauge"
 
-Point = tuple[float, dict[str, Any]]
+Point = tuple[float, Attributes]
 
 
 @dataclass(frozen=True)
@@ -168,7 +169,7 @@ class _State:
     series: dict[str, list[Point]] = field(default_factory=dict)  # instrument key -> points
     normalized: dict[str, float | None] = field(default_factory=dict)
     models: tuple[_Model, ...] = ()
-    latest: dict[str, Any] = field(default_factory=dict)
+    latest: Attributes = field(default_factory=dict)
     retry_at: dict[str, float] = field(default_factory=dict)  # path -> monotonic time (inf: stopped)
     failures: dict[str, int] = field(default_factory=dict)  # path -> consecutive failures
     generation: int = 0  # the policy's generation of the server when last polled
@@ -549,7 +550,7 @@ class RuntimeStateObserver:
             return state.model
         return ollama.loaded_model([m.info for m in state.models if m.info is not None], model)
 
-    def latest_state(self, host: str, port: int) -> dict[str, Any]:
+    def latest_state(self, host: str, port: int) -> Attributes:
         """The newest polled state of a server: ``requests.running``, ``requests.waiting``,
         ``kv_cache.usage`` (None when not reported), ``models.loaded`` (Ollama) and ``timestamp``
         (perf_counter_ns of that poll). Empty before the first successful poll."""
@@ -695,8 +696,8 @@ def _epoch(value: Any) -> float | None:
         return None
 
 
-def _server_attrs(server: Server, runtime: str | None) -> dict[str, Any]:
-    attrs: dict[str, Any] = {sc.SERVER_ADDRESS: server.host, sc.SERVER_PORT: server.port}
+def _server_attrs(server: Server, runtime: str | None) -> Attributes:
+    attrs: Attributes = {sc.SERVER_ADDRESS: server.host, sc.SERVER_PORT: server.port}
     if runtime is not None:
         attrs[sc.LLM_RUNTIME_NAME] = runtime
     return attrs

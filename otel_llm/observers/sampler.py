@@ -36,6 +36,7 @@ from typing import Any
 import psutil
 
 from otel_llm._log import log_once
+from otel_llm._types import Attributes
 from otel_llm.observers.activity import Activity
 from otel_llm.observers.host import VMSTAT_PATH, read_vmstat
 from otel_llm.semconv import (  # noqa: F401 - names callers import from here too
@@ -187,7 +188,7 @@ class HostSampler:
         with self._lock:
             return self._samples[-1].probes.get(key) if self._samples else None
 
-    def window_attributes(self, start_ns: int, end_ns: int) -> dict[str, Any]:
+    def window_attributes(self, start_ns: int, end_ns: int) -> Attributes:
         """The llm.host.* attributes of a call that ran in [start_ns, end_ns] (module docstring)."""
         used, before = self._window(start_ns, end_ns)
         return _attributes(used, before) if used else {}
@@ -211,8 +212,8 @@ class HostSampler:
         return used[::-1], None
 
 
-def _attributes(used: list[Sample], before: Sample | None) -> dict[str, Any]:
-    attrs: dict[str, Any] = {}
+def _attributes(used: list[Sample], before: Sample | None) -> Attributes:
+    attrs: Attributes = {}
     cpu = [s.cpu for s in used if s.cpu is not None]
     if cpu:
         attrs[LLM_HOST_CPU_UTILIZATION] = sum(cpu) / len(cpu)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
 
 from otel_llm import semconv as sc
+from otel_llm._types import Attributes
 
 if TYPE_CHECKING:
     from otel_llm.capture.call import CallRequest
@@ -65,7 +66,7 @@ def span_name(operation: str, model: str | None) -> str:
     return f"{operation} {model}" if model else operation
 
 
-def _put_all(attrs: dict[str, Any], keys: tuple[str, ...], values: tuple[Any, ...]) -> None:
+def _put_all(attrs: Attributes, keys: tuple[str, ...], values: tuple[Any, ...]) -> None:
     """``_put`` of each pair; plain ints and ASCII strings (most of them) without a call."""
     for key, value in zip(keys, values):
         cls = value.__class__
@@ -75,7 +76,7 @@ def _put_all(attrs: dict[str, Any], keys: tuple[str, ...], values: tuple[Any, ..
             _put(attrs, key, value)
 
 
-def _put(attrs: dict[str, Any], key: str, value: Any) -> None:
+def _put(attrs: Attributes, key: str, value: Any) -> None:
     if value is None:
         return
     if isinstance(value, float) and not math.isfinite(value):
@@ -92,9 +93,9 @@ def _utf8(text: str) -> str:
 
 
 def endpoint_attributes(route: Route, request: CallRequest, runtime: str | None,
-                        provider: str) -> dict[str, Any]:
+                        provider: str) -> Attributes:
     """Attributes that depend only on where the call goes (cached per URL by the caller)."""
-    attrs: dict[str, Any] = {
+    attrs: Attributes = {
         sc.GEN_AI_OPERATION_NAME: route.operation,
         sc.GEN_AI_PROVIDER_NAME: provider,
         sc.LLM_API: route.api,
@@ -112,7 +113,7 @@ _REQUEST_KEYS = (sc.GEN_AI_REQUEST_MODEL, sc.GEN_AI_REQUEST_MAX_TOKENS, sc.GEN_A
 _request_values = operator.attrgetter("model", "max_tokens", "temperature", "top_p", "top_k", "seed")
 
 
-def request_attributes(endpoint: dict[str, Any], info: RequestInfo, capture_content: bool) -> dict[str, Any]:
+def request_attributes(endpoint: Attributes, info: RequestInfo, capture_content: bool) -> Attributes:
     """Attributes known when the request starts (samplers see these): the endpoint's, then the
     request body's."""
     attrs = dict(endpoint)
@@ -135,7 +136,7 @@ _SHAPE_KEYS = (sc.LLM_REQUEST_SYSTEM_BYTES, sc.LLM_REQUEST_LARGEST_MESSAGE_BYTES
 _shape_values = operator.attrgetter("system_bytes", "largest_message_bytes", "tools", "tools_bytes")
 
 
-def _shape_attributes(shape: RequestShape, attrs: dict[str, Any]) -> None:
+def _shape_attributes(shape: RequestShape, attrs: Attributes) -> None:
     """What the request is made of (counts and byte sizes; never its content)."""
     if shape.messages is not None:
         attrs[sc.LLM_REQUEST_MESSAGES] = shape.messages
@@ -164,7 +165,7 @@ _response_values = operator.attrgetter("response_id", "response_model", "input_t
                                        "cached_input_tokens", "reasoning_output_tokens")
 
 
-def response_attributes(response: ResponseInfo | None, attrs: dict[str, Any], capture_content: bool) -> None:
+def response_attributes(response: ResponseInfo | None, attrs: Attributes, capture_content: bool) -> None:
     """Add what the response body/stream carried."""
     if response is None:
         return

@@ -15,6 +15,7 @@ from opentelemetry.trace import TracerProvider
 
 from otel_llm import semconv as sc
 from otel_llm._log import log_once
+from otel_llm._types import Attributes
 from otel_llm.telemetry import attributes as attr_build
 from otel_llm.telemetry import diagnosis
 from otel_llm.telemetry.metrics import CallMetrics
@@ -48,7 +49,7 @@ class _Endpoint:
     runtime: str | None  # configured, else implied by the route
     configured: bool  # the `runtimes` option named it: evidence from the response does not override
     server: tuple[str, int]
-    attributes: dict[str, Any]  # never mutated: each call copies it
+    attributes: Attributes  # never mutated: each call copies it
 
 
 @dataclass(slots=True)
@@ -216,11 +217,13 @@ class Telemetry:
         except Exception:
             log_once("recording model-call metrics failed")
 
-    def _model(self, state: CallState, attrs: dict[str, Any]) -> None:
+    def _model(self, state: CallState, attrs: Attributes) -> None:
         """The served model's llm.model.* attributes, and how much of its context the prompt took."""
         assert self.observers is not None
         try:
-            model = self.observers.model_attributes(*state.endpoint.server, attrs.get(sc.GEN_AI_REQUEST_MODEL))
+            requested = attrs.get(sc.GEN_AI_REQUEST_MODEL)
+            model = self.observers.model_attributes(*state.endpoint.server,
+                                                    requested if isinstance(requested, str) else None)
         except Exception:
             log_once("reading the runtime's model metadata failed")
             return
@@ -243,7 +246,7 @@ class Telemetry:
             return None
 
     def _runtime_evidence(self, call: CallRecord, state: CallState, counters: RuntimeCounters | None,
-                          phases: list[Phase], first_token: int, attrs: dict[str, Any]) -> list[Phase]:
+                          phases: list[Phase], first_token: int, attrs: Attributes) -> list[Phase]:
         """Runtime attributes, diagnosis attributes, and the synthesized runtime spans."""
         if counters is not None:
             if counters.runtime and not state.endpoint.configured:
@@ -291,7 +294,7 @@ class Telemetry:
             return parse_body(api, call.body, headers, want_text=self.settings.capture_content)
         return None
 
-    def _add_end_attributes(self, call: CallRecord, response: ResponseInfo | None, attrs: dict[str, Any]) -> None:
+    def _add_end_attributes(self, call: CallRecord, response: ResponseInfo | None, attrs: Attributes) -> None:
         if call.status:
             attrs[sc.HTTP_RESPONSE_STATUS_CODE] = call.status
         if call.http_version:
@@ -333,7 +336,7 @@ def _unloads(info: Any) -> bool:
     return isinstance(keep_alive, str) and keep_alive.strip() in ("0", "0s", "0m", "0h")
 
 
-def _phase_attributes(call: CallRecord, phase: Phase) -> dict[str, Any] | None:
+def _phase_attributes(call: CallRecord, phase: Phase) -> Attributes | None:
     """The attributes of a transport phase's span (the synthesized ones carry ``_SYNTHESIZED``)."""
     if call.tls is not None and (phase.name == sc.SPAN_TLS or (phase.name == sc.SPAN_CONNECT
                                                                 and not call.timeline.tls_start)):
@@ -343,8 +346,8 @@ def _phase_attributes(call: CallRecord, phase: Phase) -> dict[str, Any] | None:
     return None
 
 
-def _tls_attributes(tls: TlsInfo) -> dict[str, Any]:
-    attrs: dict[str, Any] = {}
+def _tls_attributes(tls: TlsInfo) -> Attributes:
+    attrs: Attributes = {}
     if tls.version:
         attrs[sc.TLS_PROTOCOL_VERSION] = tls.version
     if tls.cipher:
@@ -354,7 +357,7 @@ def _tls_attributes(tls: TlsInfo) -> dict[str, Any]:
     return attrs
 
 
-def client_timings(call: CallRecord, response: ResponseInfo | None, attrs: dict[str, Any]) -> tuple[float, float | None]:
+def client_timings(call: CallRecord, response: ResponseInfo | None, attrs: Attributes) -> tuple[float, float | None]:
     """Add the llm.client.* attributes (seconds) to ``attrs``; returns what only the metrics
     need: the call's duration and, for a stream, the mean time between its output chunks."""
     timeline = call.timeline

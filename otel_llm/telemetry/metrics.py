@@ -12,6 +12,7 @@ from opentelemetry.trace import SpanContext
 from opentelemetry.metrics import MeterProvider, Observation
 
 from otel_llm import semconv as sc
+from otel_llm._types import Attributes
 from otel_llm.telemetry.inflight import InFlight
 from otel_llm.version import __version__
 
@@ -144,7 +145,7 @@ class CallMetrics:
             description="Model calls by diagnosis: bottleneck, cold start, buffered stream.",
         )
 
-    def _record_diagnosis(self, span_attrs: dict[str, Any], sets: _AttributeSets) -> None:
+    def _record_diagnosis(self, span_attrs: Attributes, sets: _AttributeSets) -> None:
         """Count the call under its per-call verdicts, so dashboards can chart them exactly."""
         verdicts = tuple(map(span_attrs.get, _VERDICT_KEYS))
         key = sets.tallied.get(verdicts)
@@ -158,7 +159,7 @@ class CallMetrics:
         if unaccounted is not None:
             self.unaccounted.record(unaccounted, sets.phase, _NO_CONTEXT)
 
-    def _record_runtime(self, attrs: dict[str, Any], counters: RuntimeCounters) -> None:
+    def _record_runtime(self, attrs: Attributes, counters: RuntimeCounters) -> None:
         """The runtime-reported latencies and rates, when it reported them."""
         ttft = counters.time_to_first_token
         if ttft is None and counters.prompt_eval_duration is not None:
@@ -174,7 +175,7 @@ class CallMetrics:
         """The in-flight gauge marks its counts as the gateway's relayed calls too."""
         self._shared.relayed = ((sc.LLM_GATEWAY_RELAYED, True),)
 
-    def _sets(self, span_attrs: dict[str, Any]) -> _AttributeSets:
+    def _sets(self, span_attrs: Attributes) -> _AttributeSets:
         """The attribute dictionaries of this call's records, built once per distinct set of
         metric attributes (an application calls the same few models at the same few servers)."""
         values = tuple(map(span_attrs.get, _METRIC_KEYS))
@@ -186,7 +187,7 @@ class CallMetrics:
                 {k: v for k, v in zip(_METRIC_KEYS, values) if v is not None})
         return sets
 
-    def record(self, span_attrs: dict[str, Any], duration: float, per_chunk: float | None, phases: list[Phase],
+    def record(self, span_attrs: Attributes, duration: float, per_chunk: float | None, phases: list[Phase],
                span_context: SpanContext | None = None, counters: RuntimeCounters | None = None) -> None:
         """Record one finished call of ``duration`` seconds (``per_chunk``: a stream's mean time
         between output chunks): the llm.client.* values and the diagnosis come from
@@ -230,13 +231,13 @@ class _AttributeSets:
 
     __slots__ = ("call", "input", "output", "phase", "phase_pairs", "by_phase", "runtime", "tallied")
 
-    def __init__(self, call: dict[str, Any]) -> None:
+    def __init__(self, call: Attributes) -> None:
         self.call = call
         self.input = {**call, sc.GEN_AI_TOKEN_TYPE: "input"}
         self.output = {**call, sc.GEN_AI_TOKEN_TYPE: "output"}
         self.phase = {k: call[k] for k in _PHASE_KEYS if k in call}
         self.phase_pairs = tuple(self.phase.items())
-        self.by_phase: dict[str, dict[str, Any]] = {}
+        self.by_phase: dict[str, Attributes] = {}
         self.runtime = {k: call[k] for k in _RUNTIME_KEYS if k in call}
         self.tallied: dict[tuple[Any, ...], tuple[tuple[str, Any], ...]] = {}  # verdicts -> tally key
 

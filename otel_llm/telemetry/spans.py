@@ -18,11 +18,13 @@ restart noticed before the call started is the one use), stamped with the call's
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+from otel_llm._types import AttributeMap, Attributes
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import Tracer as SdkTracer
@@ -30,8 +32,8 @@ if TYPE_CHECKING:
     from otel_llm.telemetry.phases import Phase
     from otel_llm.capture.record import Timeline
 
-PhaseAttributes = Mapping[str, Any] | None
-SpanEvent = tuple[str, Mapping[str, Any]]  # (name, attributes), at the call's start
+PhaseAttributes = AttributeMap | None
+SpanEvent = tuple[str, AttributeMap]  # (name, attributes), at the call's start
 
 
 class CallSpan:
@@ -40,7 +42,7 @@ class CallSpan:
     __slots__ = ("context", "parent", "recording", "name", "attributes", "live", "events")
 
     def __init__(self, context: SpanContext, parent: SpanContext | None, recording: bool,
-                 name: str, attributes: dict[str, Any], live: Any = None) -> None:
+                 name: str, attributes: Attributes, live: Any = None) -> None:
         self.context = context
         self.parent = parent
         self.recording = recording
@@ -64,7 +66,7 @@ class SdkSpanSink:
         self._resource = tracer.resource
         self._scope = tracer._instrumentation_scope  # noqa: SLF001 (no public accessor)
 
-    def start(self, name: str, attributes: dict[str, Any], start_time: int, kind: SpanKind = SpanKind.CLIENT,
+    def start(self, name: str, attributes: Attributes, start_time: int, kind: SpanKind = SpanKind.CLIENT,
               parent: Context | None = None) -> CallSpan:
         """The span's context (sampler consulted, ids drawn) under ``parent`` (default: the
         current context); nothing reaches the processors until it is emitted."""
@@ -120,7 +122,7 @@ class ApiSpanSink:
     def __init__(self, tracer: trace.Tracer) -> None:
         self._tracer = tracer
 
-    def start(self, name: str, attributes: dict[str, Any], start_time: int) -> CallSpan:
+    def start(self, name: str, attributes: Attributes, start_time: int) -> CallSpan:
         live = self._tracer.start_span(name, kind=SpanKind.CLIENT, attributes=attributes, start_time=start_time)
         return CallSpan(live.get_span_context(), None, live.is_recording(), name, attributes, live)
 
