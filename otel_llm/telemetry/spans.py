@@ -63,6 +63,10 @@ class SdkSpanSink:
         self._event = Event
         self._processor = tracer.span_processor
         self._ids = tracer.id_generator
+        # W3C Trace Context level 2: newer SDKs flag a trace id drawn at random; older
+        # ones have neither the flag nor the question
+        random_ids = getattr(self._ids, "is_trace_id_random", None)
+        self._random_flag = _RANDOM_TRACE_ID if random_ids is not None and random_ids() else 0
         self._resource = tracer.resource
         self._scope = tracer._instrumentation_scope  # noqa: SLF001 (no public accessor)
 
@@ -75,9 +79,10 @@ class SdkSpanSink:
         trace_id = parent_context.trace_id if parent_context is not None else self._ids.generate_trace_id()
         result = self._tracer.sampler.should_sample(parent, trace_id, name, kind, attributes, ())
         # the SDK's Decision.is_sampled/is_recording have no annotations (opentelemetry-sdk 1.x)
-        flags = TraceFlags(
-            TraceFlags.SAMPLED if result.decision.is_sampled() else TraceFlags.DEFAULT  # type: ignore[no-untyped-call]
-        )
+        is_sampled = result.decision.is_sampled()  # type: ignore[no-untyped-call]
+        sampled = TraceFlags.SAMPLED if is_sampled else TraceFlags.DEFAULT
+        random = self._random_flag if parent_context is None else parent_context.trace_flags & _RANDOM_TRACE_ID
+        flags = TraceFlags(sampled | random)
         context = SpanContext(trace_id, self._ids.generate_span_id(), False, flags, result.trace_state)
         if result.attributes:
             attributes = {**attributes, **result.attributes}
@@ -147,6 +152,7 @@ class ApiSpanSink:
         live.end(end_time=timeline.to_epoch(timeline.end))
 
 
+_RANDOM_TRACE_ID: int = getattr(TraceFlags, "RANDOM_TRACE_ID", 0)
 _UNSET = Status(StatusCode.UNSET)
 _ERROR = Status(StatusCode.ERROR)
 

@@ -112,7 +112,7 @@ def test_traceparent_matches_call_span(otel: Otel, server: ModelServer) -> None:
     call, _ = otel.one_call()
     context = call.get_span_context()
     version, trace_id, span_id, flags = chat.headers["traceparent"].split("-")
-    assert version == "00" and flags == "01"
+    assert version == "00" and flags == format(context.trace_flags, "02x") and context.trace_flags.sampled
     assert trace_id == format(context.trace_id, "032x")
     assert span_id == format(context.span_id, "016x")
 
