@@ -46,12 +46,22 @@ def runtime_for_name(name: str, cmdline: Sequence[str] | None = None) -> str | N
     return None
 
 
+# the interpreter's options that take the next argument (python -X faulthandler -m vllm ...)
+_OPTIONS_WITH_ARGUMENT = {"-X", "-W", "--check-hash-based-pycs"}
+
+
 def _python_runtime(cmdline: Sequence[str]) -> str | None:
     """``python -m vllm.entrypoints...`` or ``python /usr/bin/vllm serve ...``."""
-    args = list(cmdline[1:])
-    for index, arg in enumerate(args):
-        if arg == "-m" and index + 1 < len(args):
-            return _PYTHON_MODULES.get(args[index + 1].split(".")[0])
+    args = iter(cmdline[1:])
+    for arg in args:
+        if arg.startswith("-m"):
+            module = arg[2:] or next(args, "")
+            return _PYTHON_MODULES.get(module.split(".")[0])
+        if arg == "-c":
+            return None  # a program given as a string
+        if arg in _OPTIONS_WITH_ARGUMENT:
+            next(args, None)
+            continue
         if arg.startswith("-"):
             continue
         return _PYTHON_MODULES.get(os.path.basename(arg).removesuffix(".py"))
@@ -112,7 +122,9 @@ class RuntimeProcesses:
 
     # -- by listening port ------------------------------------------------------------------------
     def _by_port(self, servers: Sequence[Server]) -> dict[int, RuntimeProcess]:
-        ports = {server.port: server.runtime for server in servers}
+        ports: dict[int, str | None] = {}
+        for server in servers:  # one server may be known by several names: a named runtime wins
+            ports[server.port] = ports.get(server.port) or server.runtime
         self._listening = self._still_listening(set(ports)) or self._listeners(set(ports))
         found: dict[int, RuntimeProcess] = {}
         for port, proc in self._listening.items():
