@@ -134,3 +134,28 @@ def test_no_cycle_between_packages() -> None:
 
     cycles = [c for p in graph if (c := cycle_from(p))]
     assert not cycles, cycles
+
+
+# SDK modules with no logic of their own to test: names, types, a version, a re-export.
+_NOTHING_TO_TEST = {"otel_llm/version.py", "otel_llm/package.py", "otel_llm/gateway.py", "otel_llm/_types.py",
+                    "otel_llm/semconv.py"}
+
+
+def _test_names() -> set[str]:
+    return {path.stem for path in (ROOT / "tests").rglob("test_*.py")}
+
+
+def test_every_sdk_module_has_a_test_module_named_after_it() -> None:
+    """``otel_llm/<package>/<name>.py`` is tested in ``tests/**/test_<name>.py`` (or
+    ``test_<package>_<name>.py``), so a newcomer finds its tests by its name."""
+    names = _test_names()
+    missing = []
+    for path in sorted((ROOT / "otel_llm").rglob("*.py")):
+        relative = path.relative_to(ROOT).as_posix()
+        if relative.startswith("otel_llm/tools/") or path.name == "__init__.py" or relative in _NOTHING_TO_TEST:
+            continue
+        stem = path.stem.lstrip("_")
+        package = path.parent.name
+        if not {f"test_{stem}", f"test_{package}_{stem}"} & names:
+            missing.append(relative)
+    assert missing == [], missing

@@ -1,0 +1,341 @@
+"""The httpcore DNS and pool-wait hooks (``otel_llm.capture.httpcore_dns``): resolution timed apart
+from the TCP connect during model calls only, each resolved address tried in order, and pool waits
+timed only when a request really queues."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import socket
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import httpcore
+import httpcore2
+import httpx
+import pytest
+
+import otel_llm
+from otel_llm.capture import httpcore_dns
+from otel_llm.capture import install
+from otel_llm.capture.call import CURRENT_CALL, END_ERROR, CallRecord, CallRequest, LlmCall
+from otel_llm.capture.hooks import Patch, flush_collected
+from otel_llm.parse import routes
+from tests.helpers_servers import ModelServer
+
+CHAT_PATH = "/v1/chat/completions"
+CHAT: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+NAME = "llm.test"  # resolved by the fake resolver below, never by a real one
+_real_getaddrinfo = socket.getaddrinfo
+
+
+class _Sink:
+    capture_content = False
+
+    def __init__(self) -> None:
+        self.records: list[CallRecord] = []
+
+    def route(self, path: str) -> routes.Route | None:
+        return routes.match_route(path)
+
+    def call_started(self, call: LlmCall) -> None:
+        pass
+
+    def call_finished(self, record: CallRecord) -> None:
+        self.records.append(record)
+
+    def one(self) -> CallRecord:
+        gc.collect()
+        assert flush_collected(5.0)
+        assert len(self.records) == 1, [r.end_reason for r in self.records]
+        return self.records[0]
+
+
+@pytest.fixture
+def sink() -> Iterator[_Sink]:
+    """The adapters patched, handing model calls to a fake sink instead of otel_llm's telemetry."""
+    assert not otel_llm.is_instrumented()
+    fake = _Sink()
+    install.activate(lambda: fake)
+    try:
+        yield fake
+    finally:
+        install.deactivate()
+
+
+@pytest.fixture
+def resolver(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[str]]:
+    """Names -> addresses for ``socket.getaddrinfo`` (and so for anyio's); ``[]``: the name fails.
+    Every other name goes to the real resolver. ``resolver["asked"]`` lists the hosts looked up."""
+    table: dict[str, list[str]] = {"asked": []}
+
+    def getaddrinfo(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+        name = host.decode() if isinstance(host, bytes) else host
+        table["asked"].append(name)
+        if name in table:
+            if not table[name]:
+                raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+            return [_info(ip, int(port)) for ip in table[name]]
+        return _real_getaddrinfo(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    return table
+
+
+def _info(ip: str, port: int) -> tuple[Any, ...]:
+    """One ``getaddrinfo`` entry, as the real resolver gives it."""
+    if ":" in ip:
+        return (socket.AF_INET6, socket.SOCK_STREAM, 6, "", (ip, port, 0, 0))
+    return (socket.AF_INET, socket.SOCK_STREAM, 6, "", (ip, port))
+
+
+def _call() -> tuple[LlmCall, _Sink]:
+    sink = _Sink()
+    request = CallRequest("POST", "http", NAME, 80, CHAT_PATH, f"http://{NAME}{CHAT_PATH}", {}, b"{}")
+    return LlmCall.open(sink, routes.match_route(CHAT_PATH), request), sink  # type: ignore[arg-type]
+
+
+@contextlib.contextmanager
+def _current(call: LlmCall | None) -> Iterator[None]:
+    token = CURRENT_CALL.set(call)
+    try:
+        yield
+    finally:
+        CURRENT_CALL.reset(token)
+
+
+class _Backend:
+    """Stands for the original ``connect_tcp``: records each attempt, fails the listed hosts."""
+
+    def __init__(self, fail: dict[str, BaseException] | None = None) -> None:
+        self.fail = fail or {}
+        self.attempts: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+    def _attempt(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        self.attempts.append((args, kwargs))
+        error = self.fail.get(args[0])
+        if error is not None:
+            raise error
+        return f"stream to {args[0]}"
+
+    def sync(self, *args: Any, **kwargs: Any) -> str:
+        return self._attempt(args, kwargs)
+
+    async def async_(self, *args: Any, **kwargs: Any) -> str:
+        await asyncio.sleep(0)
+        return self._attempt(args, kwargs)
+
+
+def _connect(is_async: bool, backend: _Backend, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Run the adapter's ``connect_tcp`` wrapper for httpcore over ``backend``."""
+    if is_async:
+        wrapper = httpcore_dns._async_connect_wrapper(httpcore)
+        return asyncio.run(wrapper(backend.async_, None, args, kwargs))
+    return httpcore_dns._sync_connect_wrapper(httpcore)(backend.sync, None, args, kwargs)
+
+
+BOTH = pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+
+
+# -- helpers -------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("host", "expected"), [
+    ("127.0.0.1", True), ("::1", True), ("fe80::1%eth0", True), ("2001:db8::8a2e:370:7334", True),
+    ("localhost", False), ("[::1]", False), ("", False), ("1.2.3", False), ("256.1.1.1", False), (NAME, False),
+])
+def test_is_ip(host: str, expected: bool) -> None:
+    assert httpcore_dns.is_ip(host) is expected
+
+
+def test_split_names_the_positional_arguments_and_keeps_the_callers_kwargs() -> None:
+    kwargs = {"socket_options": [(1, 2, 3)]}
+    assert httpcore_dns._split((NAME, 443, 5.0, "10.0.0.2"), kwargs) == (
+        NAME, 443, {"timeout": 5.0, "local_address": "10.0.0.2", "socket_options": [(1, 2, 3)]})
+    assert kwargs == {"socket_options": [(1, 2, 3)]}  # a copy was changed, not the caller's dict
+    named = {"host": NAME, "port": 80, "timeout": None}
+    assert httpcore_dns._split((), named) == (NAME, 80, {"timeout": None})
+    assert named == {"host": NAME, "port": 80, "timeout": None}
+    infos = [(socket.AF_INET6, 1, 6, "", ("::1", 80, 0, 0)), (socket.AF_INET, 1, 6, "", ("127.0.0.1", 80)),
+             (socket.AF_INET6, 2, 17, "", ("::1", 80, 0, 0)), (socket.AF_INET, 2, 17, "", ("127.0.0.1", 80))]
+    assert httpcore_dns._addresses(infos) == ["::1", "127.0.0.1"]  # the resolver's order, once each
+
+
+# -- the connect wrappers, called directly -------------------------------------------------------
+@BOTH
+def test_outside_a_model_call_the_backend_gets_its_arguments_untouched(resolver: dict[str, list[str]],
+                                                                       is_async: bool) -> None:
+    backend = _Backend()
+    with _current(None):
+        assert _connect(is_async, backend, (NAME, 80), {"timeout": 3.0}) == f"stream to {NAME}"
+    assert backend.attempts == [((NAME, 80), {"timeout": 3.0})]
+    assert resolver["asked"] == []  # resolution left to the backend itself
+
+
+@BOTH
+def test_an_ip_literal_is_connected_to_without_resolving(resolver: dict[str, list[str]], is_async: bool) -> None:
+    call, _ = _call()
+    backend = _Backend()
+    with _current(call):
+        _connect(is_async, backend, ("::1",), {"port": 8080, "timeout": 1.0, "local_address": None})
+    assert backend.attempts == [(("::1", 8080), {"timeout": 1.0, "local_address": None})]
+    assert resolver["asked"] == []
+    assert call.timeline().dns_start == call.timeline().dns_end == 0
+
+
+@BOTH
+def test_a_model_call_resolves_apart_then_tries_each_address_in_order(resolver: dict[str, list[str]],
+                                                                      is_async: bool) -> None:
+    resolver[NAME] = ["10.0.0.7", "10.0.0.7", "10.0.0.8", "10.0.0.9"]
+    call, _ = _call()
+    backend = _Backend(fail={"10.0.0.7": httpcore.ConnectError("refused")})
+    with _current(call):
+        result = _connect(is_async, backend, (NAME, 8443, 2.5), {"socket_options": []})
+    assert result == "stream to 10.0.0.8"  # the first address that connects; the rest are not tried
+    assert backend.attempts == [(("10.0.0.7", 8443), {"timeout": 2.5, "socket_options": []}),
+                                (("10.0.0.8", 8443), {"timeout": 2.5, "socket_options": []})]
+    assert resolver["asked"] == [NAME]
+    t = call.timeline()
+    assert 0 < t.dns_start <= t.dns_end
+
+
+@BOTH
+def test_when_no_address_connects_the_last_connect_error_is_raised(resolver: dict[str, list[str]],
+                                                                   is_async: bool) -> None:
+    resolver[NAME] = ["10.0.0.7", "10.0.0.8"]
+    last = httpcore.ConnectError("second refused")
+    backend = _Backend(fail={"10.0.0.7": httpcore.ConnectError("first refused"), "10.0.0.8": last})
+    call, _ = _call()
+    with _current(call), pytest.raises(httpcore.ConnectError) as raised:
+        _connect(is_async, backend, (NAME, 80), {})
+    assert raised.value is last and len(backend.attempts) == 2
+    with pytest.raises(httpcore.ConnectError, match="no address"):  # a resolver that answered nothing
+        httpcore_dns._connect_each(_Backend().sync, [], 80, {}, httpcore)
+
+
+@pytest.mark.xfail(strict=True, reason="the wrapper retries the next address only on ConnectError; httpcore "
+                                       "maps a connect timeout to ConnectTimeout (not a ConnectError), so a "
+                                       "host whose first address times out fails, where socket.create_connection "
+                                       "(and so httpcore without otel_llm) moves on to the next address")
+@BOTH
+def test_a_connect_timeout_on_one_address_moves_on_to_the_next(resolver: dict[str, list[str]],
+                                                               is_async: bool) -> None:
+    resolver[NAME] = ["2001:db8::1", "127.0.0.1"]  # e.g. an IPv6 address whose packets are dropped
+    backend = _Backend(fail={"2001:db8::1": httpcore.ConnectTimeout("timed out")})
+    call, _ = _call()
+    with _current(call):
+        assert _connect(is_async, backend, (NAME, 80), {"timeout": 1.0}) == "stream to 127.0.0.1"
+
+
+# -- through httpx ---------------------------------------------------------------------------------
+@pytest.fixture
+def model_server() -> Iterator[ModelServer]:
+    with ModelServer(tokens=2, first_token_delay=0.0, token_interval=0.0) as server:
+        yield server
+
+
+def _post(is_async: bool, url: str, method: str = "POST") -> httpx.Response:
+    if not is_async:
+        with httpx.Client() as client:
+            return client.request(method, url, json=CHAT if method == "POST" else None)
+
+    async def run() -> httpx.Response:
+        async with httpx.AsyncClient() as client:
+            return await client.request(method, url, json=CHAT if method == "POST" else None)
+
+    return asyncio.run(run())
+
+
+@BOTH
+def test_a_model_call_by_host_name_times_dns_inside_connect(sink: _Sink, model_server: ModelServer,
+                                                            resolver: dict[str, list[str]],
+                                                            is_async: bool) -> None:
+    """The name resolves to an address the server does not listen on first (IPv6 loopback: refused, or
+    unreachable without IPv6), then to the server's."""
+    resolver[NAME] = ["::1", "127.0.0.1"]
+    response = _post(is_async, model_server.url(CHAT_PATH, host=NAME))
+    assert response.status_code == 200 and response.json()["choices"]
+    record = sink.one()
+    assert record.request.host == NAME and model_server.requests[-1].headers["host"].startswith(NAME)
+    assert record.peer == ("127.0.0.1", model_server.port)  # the second address
+    t = record.timeline
+    assert 0 < t.connect_start <= t.dns_start <= t.dns_end <= t.connect_end <= t.upload_start
+    assert resolver["asked"][0] == NAME
+
+
+def test_the_sync_backend_is_handed_addresses_in_model_calls_only(sink: _Sink, model_server: ModelServer,
+                                                                 resolver: dict[str, list[str]],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    resolver[NAME] = ["::1", "127.0.0.1"]
+    targets: list[tuple[Any, ...]] = []
+    real = socket.create_connection
+
+    def create_connection(address: Any, *args: Any, **kwargs: Any) -> socket.socket:
+        targets.append(address)
+        return real(address, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "create_connection", create_connection)  # what httpcore's SyncBackend calls
+    _post(False, model_server.url(CHAT_PATH, host=NAME))
+    port = model_server.port
+    assert targets == [("::1", port), ("127.0.0.1", port)]
+    targets.clear()
+    assert _post(False, model_server.url("/v1/models", host=NAME), method="GET").status_code == 200
+    assert targets == [(NAME, port)]  # not a model call: the backend resolves, as without otel_llm
+    assert len(sink.records) == 1
+
+
+@BOTH
+def test_a_name_that_does_not_resolve_ends_the_call_inside_dns(sink: _Sink, resolver: dict[str, list[str]],
+                                                               is_async: bool) -> None:
+    resolver[NAME] = []
+    with pytest.raises(httpx.ConnectError) as raised:  # what httpx raises for it without otel_llm too
+        _post(is_async, f"http://{NAME}:9{CHAT_PATH}")
+    assert isinstance(raised.value.__cause__, httpcore.ConnectError)  # the adapter's, as the backend's would be
+    assert "not known" in str(raised.value)  # the resolver's own message
+    record = sink.one()
+    assert record.end_reason == END_ERROR and record.exception is raised.value
+    t = record.timeline
+    assert 0 < t.connect_start <= t.dns_start and t.dns_end == t.connect_end == t.upload_start == 0
+
+
+# -- pool waits, and what is patched --------------------------------------------------------------
+def test_pool_waits_are_timed_only_when_no_connection_is_assigned() -> None:
+    waited: list[str] = []
+
+    def wait(timeout: float | None = None) -> str:
+        waited.append("sync")
+        return "connection"
+
+    async def await_(timeout: float | None = None) -> str:
+        waited.append("async")
+        return "connection"
+
+    assigned, queued = SimpleNamespace(connection=object()), SimpleNamespace(connection=None)
+    for is_async in (False, True):
+        for instance, timed in ((assigned, False), (queued, True)):
+            call, _ = _call()
+            with _current(call):
+                if is_async:
+                    result = asyncio.run(httpcore_dns._async_pool_wait_wrapper(await_, instance, (), {"timeout": 1}))
+                else:
+                    result = httpcore_dns._sync_pool_wait_wrapper(wait, instance, (), {"timeout": 1})
+            t = call.timeline()
+            assert result == "connection"
+            assert (0 < t.pool_start <= t.pool_end) is timed and (t.pool_start == 0) is (not timed)
+    with _current(None):  # outside a model call: nothing to time
+        assert httpcore_dns._sync_pool_wait_wrapper(wait, queued, (), {}) == "connection"
+    assert waited == ["sync", "sync", "async", "async", "sync"]
+
+
+@pytest.mark.parametrize("core", [httpcore, httpcore2], ids=["httpcore", "httpcore2"])
+def test_every_hook_names_a_method_of_the_installed_library(core: Any) -> None:
+    """A renamed private class would silently stop pool-wait timing: each target must exist."""
+    hooks = httpcore_dns.patches(core, core.__name__)
+    assert [p.target for p in hooks] == ["SyncBackend.connect_tcp", "AnyIOBackend.connect_tcp",
+                                         "PoolRequest.wait_for_connection", "AsyncPoolRequest.wait_for_connection"]
+    for patch in hooks:
+        assert isinstance(patch, Patch) and patch.module is not None, patch.target
+        owner, method = patch.target.split(".")
+        assert callable(getattr(getattr(patch.module, owner), method)), patch.target
+    stack = httpcore_dns.stack(core.__name__)
+    assert stack.modules == (core.__name__,) and len(stack.patches(lambda: None)) == 4
