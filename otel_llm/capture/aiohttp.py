@@ -31,7 +31,7 @@ from typing import Any, Callable
 from urllib.parse import urlsplit
 
 from otel_llm._log import log_once
-from otel_llm.capture.call import END_CLOSED, END_EOF, CallRequest, LlmCall, perf_ns
+from otel_llm.capture.call import END_CLOSED, END_EOF, END_UNTRACED, CallRequest, LlmCall, perf_ns
 from otel_llm.capture.hooks import ClassAttribute, Patch, SinkGetter, Stack, body_bytes, loaded, start_reaper, watch
 
 __all__ = ["STACKS", "patches"]
@@ -114,6 +114,7 @@ def _request_wrapper(get_sink: SinkGetter, reader_class: type, stream_reader: ty
                 _response_started(call, response, pending.decoded, reader_class, stream_reader)
             except Exception:
                 log_once("wrapping a model-call response failed")
+                _untraced(call, response)
         return response
 
     return wrapper
@@ -245,6 +246,20 @@ def _response_started(call: LlmCall, response: Any, decoded: bool, reader_class:
         weakref.finalize(response, _READERS.pop, id(content), None)
         if content.at_eof():
             call.finish(END_EOF)
+
+
+def _untraced(call: LlmCall, response: Any) -> None:
+    """``_response_started`` failed part way: forget what it registered (reads and the release
+    record nothing), and end the call now, which nothing would do otherwise. Never raises."""
+    try:
+        if _RESPONSES.get(response) is call:
+            del _RESPONSES[response]
+        key = id(response.content)
+        if _READERS.get(key) is call:
+            del _READERS[key]
+    except Exception:  # an odd response object: the call is still ended below
+        pass
+    call.finish(END_UNTRACED)
 
 
 def _done_wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Mapping, Protocol
 
 from otel_llm._log import log_once
 from otel_llm.capture.record import (
-    END_CANCELLED, END_CLOSED, END_EOF, END_ERROR, END_EXIT, END_GC, CallRecord, CallRequest, HeaderCarrier,
-    Timeline, TlsInfo,
+    END_CANCELLED, END_CLOSED, END_EOF, END_ERROR, END_EXIT, END_GC, END_UNTRACED, CallRecord, CallRequest,
+    HeaderCarrier, Timeline, TlsInfo,
 )
 from otel_llm.parse.content import CAPTURE_BYTES
 from otel_llm.parse.encoding import Decoder, decoder_for
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CURRENT_CALL", "CallRecord", "CallRequest", "CallSink", "HeaderCarrier", "LlmCall", "Timeline", "TlsInfo",
-    "perf_ns", "END_CANCELLED", "END_CLOSED", "END_EOF", "END_ERROR", "END_EXIT", "END_GC",
+    "perf_ns", "END_CANCELLED", "END_CLOSED", "END_EOF", "END_ERROR", "END_EXIT", "END_GC", "END_UNTRACED",
 ]
 
 perf_ns = time.perf_counter_ns
@@ -190,6 +190,22 @@ class LlmCall:
         self._marks[_HEADERS] = perf_ns()
         if http_version:
             self.http_version = http_version
+
+    def response_replaced(self) -> None:
+        """The stack retried or followed a redirect: drop what the earlier answer left (its head,
+        and the body read or drained before the next attempt), so the call records the answer
+        the application gets. The request and the timeline stay (each mark is the last attempt's)."""
+        self.status = 0
+        self.response_headers = {}
+        self.content_type = ""
+        self.decoder = None
+        self.scanner = None
+        self.captured = None
+        self.times.clear()
+        self.chunks.clear()
+        self.pending = 0
+        self.body.clear()
+        self.body_overflow = False
 
     def response_started(self, status: int, headers: Mapping[str, str], decoded: bool = False) -> None:
         """The response head is in: pick stream scanning or whole-body parsing. ``decoded``: the

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from otel_llm._log import log_once
 from otel_llm.capture import httpcore_dns
-from otel_llm.capture.call import CURRENT_CALL, END_CLOSED, END_EOF, CallRequest, LlmCall
+from otel_llm.capture.call import CURRENT_CALL, END_CLOSED, END_EOF, END_UNTRACED, CallRequest, LlmCall
 from otel_llm.capture.hooks import ClassAttribute, Patch, SinkGetter, Stack, loaded, start_reaper, watch
 
 __all__ = ["LIBRARIES", "STACKS"]
@@ -144,11 +144,14 @@ def _begin(get_sink: SinkGetter, args: Any, kwargs: Any, is_async: bool) -> LlmC
 
 
 def _attach_response(call: LlmCall, response: Any, stream_class: type) -> None:
+    """Hand the response's body to ``call``; if that fails, the response is left as it was and
+    the call ends now (``untraced``): nothing would ever end it otherwise."""
     try:
         call.response_started(response.status_code, response.headers)
         response.stream = stream_class(response.stream, call)
     except Exception:
         log_once("wrapping a model-call response failed")
+        call.finish(END_UNTRACED)
 
 
 def _sync_send_wrapper(get_sink: SinkGetter, stream_class: type) -> Callable[..., Any]:

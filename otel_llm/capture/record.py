@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CallRecord", "CallRequest", "HeaderCarrier", "Timeline", "TlsInfo",
-    "END_CANCELLED", "END_CLOSED", "END_EOF", "END_ERROR", "END_EXIT", "END_GC",
+    "END_CANCELLED", "END_CLOSED", "END_EOF", "END_ERROR", "END_EXIT", "END_GC", "END_UNTRACED",
 ]
 
 # How a call ended (llm.client.end_reason).
@@ -26,6 +26,9 @@ END_CANCELLED = "cancelled"
 END_ERROR = "error"
 END_GC = "garbage_collected"
 END_EXIT = "process_exit"
+# otel_llm could not follow the response (a failure inside otel_llm, logged once): the call ends
+# when its head arrived, and the application reads the body untraced
+END_UNTRACED = "untraced"
 
 
 class HeaderCarrier(Protocol):

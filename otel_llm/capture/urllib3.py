@@ -5,13 +5,17 @@ thread, so the hooks deeper in the stack find the call in ``CURRENT_CALL``):
 
 * ``HTTPConnectionPool.urlopen``: one path check; for a model call, a copy of the headers with
   the trace context (the application's own headers object is not touched), then the call is the
-  current one until ``urlopen`` returns (nested retries belong to it).
+  current one until ``urlopen`` returns: the retries and redirects it follows belong to it, and
+  it records the answer ``urlopen`` returns. A body that ends inside ``urlopen`` (preloaded, or
+  drained before a retry or a redirect) ends the call only once that answer is returned, and a
+  later answer's head replaces what an earlier one left.
 * ``HTTPConnectionPool._get_conn`` (a real wait for a connection of a full, blocking pool),
   ``HTTPConnection._new_conn`` (TCP connect; DNS is timed apart in ``create_connection``, which
   resolves first and then connects to each address in order, as urllib3 does),
   ``_ssl_wrap_socket_and_match_hostname`` (the TLS handshake), ``HTTPConnection.request``
   (headers and body written; plain HTTP connects lazily inside it) and http.client's
-  ``getresponse`` (the head arrived, before urllib3 may preload the body).
+  ``getresponse`` (the head arrived, before urllib3 may preload the body). A failure recording
+  any of them is logged once and the call goes on; the wrapped method runs as without otel_llm.
 * ``HTTPResponse.__init__``: a model call's response gets a subclass (``_TracedResponse``) whose
   body reads hand the call the bytes as they came off the wire (decoded for parsing only), as
   the application pulls them (``iter_content``, ``iter_lines``, ``raw.read``, ``stream``,
@@ -24,16 +28,17 @@ import socket
 from typing import Any, Callable
 
 from otel_llm._log import log_once
-from otel_llm.capture.call import CURRENT_CALL, END_CLOSED, END_EOF, CallRequest, LlmCall
+from otel_llm.capture.call import CURRENT_CALL, END_CLOSED, END_EOF, END_UNTRACED, CallRequest, LlmCall, perf_ns
 from otel_llm.capture.hooks import ClassAttribute, Patch, SinkGetter, Stack, body_bytes, loaded, timed_wait
 from otel_llm.capture.httpcore_dns import is_ip
 
 __all__ = ["STACKS", "patches"]
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
-# On a model call's HTTPResponse (its own __dict__): the call, and whether one of the wrapped
-# reads is running (urllib3 releases and closes the response inside them).
-_CALL, _READING = "_otel_llm_call", "_otel_llm_reading"
+# On a model call's HTTPResponse (its own __dict__): the call, whether one of the wrapped reads is
+# running (urllib3 releases and closes the response inside them), and how its body ended when that
+# happened inside the call's own ``urlopen`` (see ``_end``).
+_CALL, _READING, _ENDED = "_otel_llm_call", "_otel_llm_reading", "_otel_llm_ended"
 _URLOPEN_ARGS = ("method", "url", "body", "headers", "retries", "redirect", "assert_same_host", "timeout",
                  "pool_timeout", "release_conn", "chunked", "body_pos", "preload_content", "decode_content")
 
@@ -82,23 +87,52 @@ def _urlopen_wrapper(get_sink: SinkGetter, header_dict: type) -> Callable[..., A
             raise
         finally:
             CURRENT_CALL.reset(token)
+        try:
+            _settle(call, response)
+        except Exception:
+            log_once("ending a model call failed")
         return response
 
     return wrapper
 
 
-def _timed(before: Callable[[LlmCall], None] | None, after: Callable[[LlmCall, Any], None]) -> Callable[..., Any]:
+def _settle(call: LlmCall, response: Any) -> None:
+    """``urlopen`` returned the answer the application gets (after any retry or redirect it
+    followed): end the call if that answer's body already ended inside ``urlopen`` (preloaded),
+    or if its body is not traced (nothing else would end the call)."""
+    state = getattr(response, "__dict__", None) or {}
+    ended = state.pop(_ENDED, None)
+    if ended is not None:
+        reason, exc, at_ns = ended
+        if exc is None:
+            call.finish(reason, at_ns=at_ns)
+        else:
+            call.finish_from_exception(exc)
+    elif state.get(_CALL) is not call:  # tracing its body failed (logged): nothing else ends the call
+        call.finish(END_UNTRACED)
+
+
+def _timed(before: Callable[[LlmCall], None] | None, after: Callable[[LlmCall, Any], None],
+           failed: str) -> Callable[..., Any]:
     """A wrapper that reports to the current call around the wrapped method, and does nothing
-    outside model calls."""
+    outside model calls. A failure reporting is logged once (``failed``), never raised: the
+    wrapped method runs and its result reaches urllib3 as without otel_llm, and the call goes on
+    (its body still ends it)."""
 
     def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         call = CURRENT_CALL.get()
         if call is None:
             return wrapped(*args, **kwargs)
         if before is not None:
-            before(call)
+            try:
+                before(call)
+            except Exception:
+                log_once(failed)
         result = wrapped(*args, **kwargs)
-        after(call, result)
+        try:
+            after(call, result)
+        except Exception:
+            log_once(failed)
         return result
 
     return wrapper
@@ -123,6 +157,8 @@ def _tls_done(call: LlmCall, wrapped: Any) -> None:
 
 def _head(call: LlmCall, response: Any) -> None:
     """http.client parsed the head (urllib3 builds its response, and may read the body, next)."""
+    if call.status:  # urlopen retried or followed a redirect: this answer replaces the earlier one
+        call.response_replaced()
     version = getattr(response, "version", None)
     call.headers_received({10: "1.0", 11: "1.1"}.get(version) if isinstance(version, int) else None)
     call.response_started(response.status, response.msg)
@@ -144,14 +180,27 @@ def _create_connection(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> A
     if call is None or not isinstance(address, tuple):
         return wrapped(*args, **kwargs)
     host, port = address
-    host = host.strip("[]")
+    if host.startswith("["):
+        host = host.strip("[]")
     if is_ip(host):
         return wrapped(*args, **kwargs)
     util = loaded("urllib3.util.connection")
     family = util.allowed_gai_family() if util is not None else socket.AF_UNSPEC
-    call.dns_started()
-    infos = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)  # a failure ends the call in DNS
-    call.dns_done()
+    try:
+        call.dns_started()
+    except Exception:
+        log_once("recording a model-call DNS lookup failed")
+        return wrapped(*args, **kwargs)
+    try:
+        infos = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)  # a failure ends the call in DNS
+    except UnicodeError:
+        # a name with an empty or over-long label (the idna codec's check, before any lookup):
+        # urllib3 checks it before resolving and raises its own error (LocationParseError)
+        return wrapped(*args, **kwargs)
+    try:
+        call.dns_done()
+    except Exception:
+        log_once("recording a model-call DNS lookup failed")
     rest = args[1:]
     error: OSError | None = None
     for ip in dict.fromkeys(info[4][0] for info in infos):
@@ -159,7 +208,7 @@ def _create_connection(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> A
             return wrapped((ip, port), *rest, **{k: v for k, v in kwargs.items() if k != "address"})
         except OSError as exc:
             error = exc
-    raise error or OSError(f"getaddrinfo returned no address for {host}")
+    raise error or OSError("getaddrinfo returns an empty list")  # urllib3's own words
 
 
 class _TracedResponse:
@@ -251,13 +300,19 @@ def _response_init(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         try:
             instance.__class__ = _traced_class(type(instance))
             instance.__dict__[_CALL] = call
-        except TypeError:  # a response class whose layout cannot take the mix-in: untraced body
+        except Exception:  # a response class whose layout cannot take the mix-in: untraced body
             log_once("tracing a urllib3 response body failed")
     return wrapped(*args, **kwargs)
 
 
 def _end(response: Any, call: LlmCall, reason: str, exc: BaseException | None = None) -> None:
-    response.__dict__.pop(_CALL, None)  # later reads record nothing
+    state = response.__dict__
+    state.pop(_CALL, None)  # later reads record nothing
+    if CURRENT_CALL.get() is call:
+        # inside the call's own urlopen: a preloaded body, or one drained before a retry or a
+        # redirect; urlopen may still replace this answer, its wrapper ends the call (``_settle``)
+        state[_ENDED] = (reason, exc, perf_ns())
+        return
     if exc is None:
         call.finish(reason)
     else:
@@ -291,13 +346,17 @@ def patches(get_sink: SinkGetter) -> list[Patch | ClassAttribute]:
         Patch(pool, "HTTPConnectionPool.urlopen", _urlopen_wrapper(get_sink, header_dict)),
         Patch(pool, "HTTPConnectionPool._get_conn", _pool_wait),
         Patch(connection, "HTTPConnection._new_conn",
-              _timed(LlmCall.connect_started, lambda call, sock: call.connected(_peer(sock)))),
+              _timed(LlmCall.connect_started, lambda call, sock: call.connected(_peer(sock)),
+                     "recording a model-call connection failed")),
         Patch(loaded("urllib3.util.connection"), "create_connection", _create_connection),
-        Patch(connection, "_ssl_wrap_socket_and_match_hostname", _timed(LlmCall.tls_started, _tls_done)),
+        Patch(connection, "_ssl_wrap_socket_and_match_hostname",
+              _timed(LlmCall.tls_started, _tls_done, "recording a model-call TLS handshake failed")),
         Patch(connection, "HTTPConnection.request",
-              _timed(LlmCall.request_started, lambda call, result: call.request_sent())),
+              _timed(LlmCall.request_started, lambda call, result: call.request_sent(),
+                     "recording a model-call request upload failed")),
         # urllib3.connection imports http.client (the standard library: no hook of its own)
-        Patch(loaded("http.client"), "HTTPConnection.getresponse", _timed(None, _head)),
+        Patch(loaded("http.client"), "HTTPConnection.getresponse",
+              _timed(None, _head, "reading a model-call response head failed")),
         Patch(loaded("urllib3.response"), "HTTPResponse.__init__", _response_init),
     ]
 

@@ -24,7 +24,7 @@ from otel_llm._log import reset_log_once
 from otel_llm.capture import aiohttp as adapter
 from otel_llm.capture import install
 from otel_llm.capture.call import (
-    END_CANCELLED, END_CLOSED, END_EOF, END_ERROR, CallRecord, CallRequest, LlmCall,
+    END_CANCELLED, END_CLOSED, END_EOF, END_ERROR, END_UNTRACED, CallRecord, CallRequest, LlmCall,
 )
 from otel_llm.capture.hooks import flush_collected
 from otel_llm.parse import routes
@@ -413,11 +413,34 @@ def test_a_failure_recording_the_response_never_reaches_the_application(
         assert record.stream is not None and record.stream.size == len(body)
 
 
-@pytest.mark.xfail(strict=True, reason="when _response_started fails, the request wrapper logs it but never "
-                                       "finishes the call it opened: the sink keeps it in flight until exit")
+@pytest.mark.parametrize("fail_at", ["response_started", "watch", "reader"])
 def test_a_call_whose_response_cannot_be_wrapped_still_ends(model_server: ModelServer, sink: _Sink,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(LlmCall, "response_started", _fail)
-    _stream_through(model_server.url(CHAT_PATH))
-    assert len(sink.started) == 1
-    sink.one()
+                                                            monkeypatch: pytest.MonkeyPatch, fail_at: str) -> None:
+    """``_response_started`` fails at its start, or part way (after registering the response, or
+    its reader): the call ends as soon as the response is handed back (``untraced``, no error of
+    the application pinned on it), not at process exit; what was registered is forgotten, so
+    reading and releasing record nothing; the body reaches the application untouched."""
+    if fail_at == "response_started":
+        monkeypatch.setattr(LlmCall, "response_started", _fail)
+    elif fail_at == "watch":
+        monkeypatch.setattr(adapter, "watch", _fail)
+    else:
+        monkeypatch.setattr(adapter, "weakref", SimpleNamespace(finalize=_fail))
+    ended_before_reading: list[int] = []
+
+    async def run() -> tuple[int, bytes]:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(model_server.url(CHAT_PATH), json=STREAM) as response:
+                ended_before_reading.append(len(sink.records))
+                assert response not in adapter._RESPONSES and id(response.content) not in adapter._READERS
+                return response.status, await response.read()
+
+    status, body = _run(run())
+    assert status == 200 and body.count(b"tok") == 3 and b"[DONE]" in body
+    assert ended_before_reading == [1] and len(sink.started) == 1
+    record = sink.one()
+    assert record.end_reason == END_UNTRACED and record.exception is None
+    t = record.timeline
+    assert 0 < t.upload_start <= t.headers <= t.end
+    assert record.status == (0 if fail_at == "response_started" else 200)  # what the call had taken in
+    assert record.stream is None or record.stream.size == 0  # no byte of the body recorded

@@ -348,3 +348,22 @@ def test_finish_from_exception_maps_the_way_the_call_ended(exc: BaseException, r
     call.finish_from_exception(exc)
     assert sink.finished[0]["reason"] == reason
     assert sink.finished[0]["exception"] is (exc if kept else None)
+
+
+def test_a_replaced_response_leaves_nothing_of_the_earlier_one() -> None:
+    """``response_replaced`` resets every response-side field (one added to LlmCall later must be
+    reset there too, or this fails)."""
+    (fresh, _), (call, _) = _open(), _open()
+    call.response_started(503, {"content-type": "text/event-stream", "content-encoding": "gzip"})
+    call.chunk(b"x" * 100)
+    call.fold()
+    call.chunk(b"y")
+    call.request_sent()
+    sent = call.timeline().body_sent
+    call.response_replaced()
+    kept = {"sink", "route", "request", "t0", "epoch0", "t_end", "_marks", "peer", "tls", "http_version",
+            "end_reason", "exception", "_lock", "_done", "__weakref__"}
+    for name in LlmCall.__slots__:
+        if name not in kept:
+            assert getattr(call, name) == getattr(fresh, name), name
+    assert call.timeline().body_sent == sent  # the timeline stays

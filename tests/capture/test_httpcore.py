@@ -21,7 +21,9 @@ import otel_llm
 from otel_llm._log import reset_log_once
 from otel_llm.capture import httpcore as adapter
 from otel_llm.capture import install
-from otel_llm.capture.call import END_CANCELLED, END_CLOSED, END_EOF, END_ERROR, END_GC, CallRecord, LlmCall
+from otel_llm.capture.call import (
+    END_CANCELLED, END_CLOSED, END_EOF, END_ERROR, END_GC, END_UNTRACED, CallRecord, LlmCall,
+)
 from otel_llm.capture.hooks import flush_collected
 from otel_llm.parse import routes
 from tests.conftest import configure_sim
@@ -363,13 +365,43 @@ def test_a_response_that_cannot_be_wrapped_still_reaches_the_application(
     assert any("wrapping a model-call response failed" in r.getMessage() for r in caplog.records)
 
 
-@pytest.mark.xfail(strict=True, reason="_attach_response logs the failure but never finishes the call it "
-                                       "opened: the sink keeps it in flight until the process exits")
+@pytest.mark.parametrize("fail_at", ["response_started", "stream"])
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
 def test_a_call_whose_response_cannot_be_wrapped_still_ends(model_server: ModelServer, sink: _Sink,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(LlmCall, "response_started", _fail)
-    with httpx.Client() as client:
-        client.post(model_server.url(CHAT_PATH), json=STREAM)
-    assert len(sink.started) == 1
-    sink.one()
+                                                            monkeypatch: pytest.MonkeyPatch, is_async: bool,
+                                                            fail_at: str) -> None:
+    """Wrapping fails before the call reads the head, or after (building the traced stream): the
+    call ends as soon as the response is handed back (``untraced``, no error of the application
+    pinned on it), not at process exit; the body reaches the application untouched."""
+    if fail_at == "response_started":
+        monkeypatch.setattr(LlmCall, "response_started", _fail)
+    else:
+        monkeypatch.setattr(adapter, "watch", _fail)  # the traced stream's constructor fails
+    ended_before_reading: list[int] = []
+
+    def before_reading(response: httpx.Response) -> None:
+        ended_before_reading.append(len(sink.records))
+        assert type(_inner_stream(response)).__name__ not in ("SyncLlmStream", "AsyncLlmStream")
+
+    if is_async:
+        async def run() -> bytes:
+            async with httpx.AsyncClient() as client:
+                async with client.stream("POST", model_server.url(CHAT_PATH), json=STREAM) as response:
+                    before_reading(response)
+                    return await response.aread()
+
+        body = asyncio.run(run())
+    else:
+        with httpx.Client() as client:
+            with client.stream("POST", model_server.url(CHAT_PATH), json=STREAM) as response:
+                before_reading(response)
+                body = response.read()
+    assert body.count(b"tok") == 3 and b"[DONE]" in body
+    assert ended_before_reading == [1] and len(sink.started) == 1
+    record = sink.one()
+    assert record.end_reason == END_UNTRACED and record.exception is None
+    t = record.timeline
+    assert 0 < t.upload_start <= t.headers <= t.end
+    assert record.status == (200 if fail_at == "stream" else 0)  # what the call had taken in
+    assert record.stream is None or record.stream.size == 0  # no byte of the body recorded
 
