@@ -4,14 +4,14 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.otel-llm-installed
 
-.PHONY: demo demo-sim test check typecheck bench venv clean
+.PHONY: demo demo-sim test check typecheck docs docs-serve bench gpu-deps venv clean
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml testing/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,gateway]' -e testing
+	$(PY) -m pip install --quiet -e '.[test,gateway,docs]' -e testing
 	$(PY) -m otel_llm_testing prepare
 	touch $(STAMP)
 
@@ -32,8 +32,32 @@ check: typecheck
 typecheck: venv
 	$(PY) -m mypy
 
+# the documentation site (mkdocs.yml, docs/): strict, so a broken link, a missing page or a
+# reference that disagrees with otel_llm/semconv.py fails the build
+SITE_DIR ?= site
+DOCS_ADDR ?= 127.0.0.1:8000
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs
+
+docs: venv
+	$(MKDOCS) build --strict --site-dir $(SITE_DIR)
+
+docs-serve: venv
+	$(MKDOCS) serve --dev-addr $(DOCS_ADDR)
+
 bench: venv
 	$(PY) benchmarks/overhead.py
 
+# What benchmarks/gpu_check.py needs on a GPU machine beyond that machine's own Python (PyTorch's
+# image: torch, transformers, nvidia-ml-py, psutil, httpx, aiohttp, wrapt, prometheus-client and
+# typing-extensions are there): the OpenTelemetry API and SDK, pure-Python wheels for Python 3.12,
+# into .gpu-deps (about 4 MiB), which the script puts first on its path.
+GPU_DEPS := opentelemetry-api==1.45.2 opentelemetry-sdk==1.45.2 opentelemetry-semantic-conventions==0.66b2
+
+gpu-deps:
+	rm -rf .gpu-deps
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check --target .gpu-deps --python-version 3.12 \
+		--only-binary=:all: --no-deps $(GPU_DEPS)
+	du -sh .gpu-deps
+
 clean:
-	rm -rf $(VENV) otel-llm-traces.jsonl .pytest_cache
+	rm -rf $(VENV) otel-llm-traces.jsonl .pytest_cache site .gpu-deps
