@@ -30,7 +30,7 @@ GEN_AI_INPUT_MESSAGES = "gen_ai.input.messages"
 GEN_AI_OUTPUT_MESSAGES = "gen_ai.output.messages"
 GEN_AI_SYSTEM_INSTRUCTIONS = "gen_ai.system_instructions"
 
-# --- HTTP / network (stable) ---------------------------------------------------------------
+# --- HTTP, network, TLS, DNS (each name's status is in semconv_reference.py) ---------------
 SERVER_ADDRESS = "server.address"
 SERVER_PORT = "server.port"
 URL_FULL = "url.full"
