@@ -87,7 +87,7 @@ _CALL_METRICS = ("the model-call metrics (`gen_ai.client.operation.duration`, `g
                  "`gen_ai.client.operation.time_to_first_chunk`, `gen_ai.client.operation.time_per_output_chunk`)")
 _RUNTIME = "On the call span, when the runtime reported it (never a made-up zero)"
 _SAMPLED = "On the call span, from the host samples of the call's own time window (`host_metrics`)"
-_MODEL = ("On each call to a runtime whose metadata route was read after its first successful state poll "
+_MODEL = ("On each call to a recognized runtime whose metadata route answered, read once per server process "
           "(llama.cpp `/props`, vLLM `/v1/models`, LM Studio `/api/v0/models`, Ollama `/api/ps`)")
 _SHAPE = "On the call span, from the parsed request body (counts and sizes, never content)"
 _GATEWAY = "On the gateway's SERVER span (`otel-llm gateway`)"

@@ -15,14 +15,19 @@ What is polled, by runtime:
   answering ``/api/ps`` with ``{"models": [...]}`` is treated as Ollama.
 * ``lmstudio``: nothing (it has neither endpoint).
 
-Model metadata. Once a server's runtime is known (llama.cpp, vLLM, LM Studio), its metadata route
-is read once per runtime process (``parse.runtimes.model_info``: llama.cpp ``GET /props``, vLLM
-``GET /v1/models``, LM Studio ``GET /api/v0/models``): the context length, model file or name, quantization and slots, which
-``model_of`` hands to each call (``llm.model.*`` and the call's context pressure); Ollama's comes
-with each ``/api/ps`` poll (context length, quantization, size and size in VRAM). The route is
-asked at polls until it names the model (LM Studio lists it once loaded), at most
-``MAX_FAILURES`` times per runtime process, and only of a server whose state poll just
-succeeded (or that has none).
+Model metadata. Once a server's runtime is known (llama.cpp, vLLM, LM Studio: from its process or
+from its answers), its metadata route is read once per runtime process (``parse.runtimes.model_info``:
+llama.cpp ``GET /props``, vLLM ``GET /v1/models``, LM Studio ``GET /api/v0/models``): the context
+length, model file or name, quantization and slots, which ``model_of`` hands to each call
+(``llm.model.*`` and the call's context pressure); Ollama's comes with each ``/api/ps`` poll
+(context length, quantization, size and size in VRAM). The route does not depend on the state
+route: it is read whether that answers, is absent (llama-server without ``--metrics``) or refuses
+the poll; only while the state route finds the server unreachable (refused connection, timeout)
+is it not asked. It is asked at polls until it names the model (LM Studio lists it once loaded),
+at most ``MAX_FAILURES`` times per runtime process. A metadata route that refuses or lacks the
+request (any 4xx, or a 5xx other than 503), refuses the connection or answers something that is
+not JSON is not asked again for that process (one log line); a 503 (a server still loading its
+model) or a timeout is backed off like a state route's failure.
 
 Prometheus re-emission. Parsed with ``prometheus_client.parser``. Every finite numeric sample is
 re-emitted as an observable instrument named after the *sample* with ``:`` replaced by ``.``
@@ -175,6 +180,7 @@ class _State:
     generation: int = 0  # the policy's generation of the server when last polled
     model: rt.ModelInfo | None = None  # from the runtime's metadata route
     model_read: tuple[tuple[int, str], int] | None = None  # ((generation, runtime), reads so far)
+    unreachable: bool = False  # the latest state-route request got no HTTP answer (refused, timed out)
 
 
 class _NotItsFormat(Exception):
@@ -323,6 +329,7 @@ class RuntimeStateObserver:
         generation = self.policy.generation(*key)
         if generation != state.generation:  # another runtime process listens there now: afresh
             state.generation, state.retry_at, state.failures = generation, {}, {}
+            state.unreachable = False
         if server.runtime is not None:
             state.runtime = server.runtime
         fresh: dict[str, Any] = {}
@@ -333,10 +340,9 @@ class RuntimeStateObserver:
                 fresh.update(self._poll_ps(server, state))
             else:
                 fresh.update(self._poll_metrics(server, state))
-        # only from a server that answers the polls (one refusing them, a gateway's 401, or
-        # failing is asked nothing more), or has none to answer (LM Studio)
-        answers = bool(fresh) or not _PATHS.get(state.runtime, True)
-        if answers and state.runtime in _READ_ONCE:
+        # whatever its state route answered (llama-server serves /metrics only with --metrics),
+        # unless the server did not answer at all; a metadata route that fails is not asked again
+        if state.runtime in _READ_ONCE and not state.unreachable:
             self._read_model(server, state, generation)
         if fresh:
             base = {STATE_REQUESTS_RUNNING: None, STATE_REQUESTS_WAITING: None, STATE_KV_CACHE_USAGE: None}
@@ -344,22 +350,27 @@ class RuntimeStateObserver:
 
     @staticmethod
     def _model_pending(state: _State) -> bool:
-        """A server that answers (or has no state route) whose model metadata is still unread."""
-        return (state.runtime in _READ_ONCE and state.model is None
-                and (state.model_read is None or state.model_read[1] < MAX_FAILURES)
-                and (bool(state.latest) or not _PATHS.get(state.runtime, True)))
+        """A reachable server whose model metadata is still unread (and may still be asked)."""
+        if state.runtime not in _READ_ONCE or state.model is not None or state.unreachable:
+            return False
+        read = state.model_read
+        return read is None or read[0] != (state.generation, state.runtime) or read[1] < MAX_FAILURES
 
     def _read_model(self, server: Server, state: _State, generation: int) -> None:
         """The metadata route, until it names the model (LM Studio lists it once it is loaded), at
-        most MAX_FAILURES times per runtime process; afresh when another process listens."""
+        most MAX_FAILURES times per runtime process, once if it fails for good; afresh when another
+        process listens."""
         key = (generation, state.runtime or "")
         if state.model_read is None or state.model_read[0] != key:
             state.model_read, state.model = (key, 0), None
         tries = state.model_read[1]
         if state.model is not None or tries >= MAX_FAILURES:
             return
-        state.model_read = (key, tries + 1)
-        state.model = model_info(_MetadataRoutes(self, server, state), state.runtime, None, None)
+        routes = _MetadataRoutes(self, server, state)
+        state.model = model_info(routes, state.runtime, None, None)
+        # a route that refused or lacks the request is not asked again for this process; a read
+        # that asked nothing (its route backing off after a 503 or a timeout) is not counted
+        state.model_read = (key, MAX_FAILURES if routes.stopped else tries + routes.asked)
 
     def _poll_ps(self, server: Server, state: _State) -> dict[str, Any]:
         body = self._fetch(server, state, PATH_PS, "application/json")
@@ -400,30 +411,39 @@ class RuntimeStateObserver:
         state.series = self._series(server, state, samples)
         return dict(state.normalized)
 
-    def _fetch(self, server: Server, state: _State, path: str, accept: str) -> bytes | None:
-        """The body of a 2xx answer, or None (the failure counted for the endpoint's back-off)."""
+    def _fetch(self, server: Server, state: _State, path: str, accept: str,
+               metadata: bool = False) -> bytes | None:
+        """The body of a 2xx answer, or None (the failure counted for the endpoint's back-off).
+        ``metadata``: a metadata route, read once per process: a refusal, an absent route or a
+        refused connection stops it at once (a 503 or a timeout is backed off)."""
         import httpx  # imported by the first poll, not by instrument()
 
         url = f"{server.base_url}{path}"
         try:
             response = self._http().get(url, headers={"Accept": accept}, timeout=TIMEOUT)
         except httpx.HTTPError as exc:
-            self._failed(server, state, path, f"unreachable ({type(exc).__name__})")
+            if not metadata:
+                state.unreachable = True
+            transient = isinstance(exc, httpx.TimeoutException)
+            self._failed(server, state, path, f"unreachable ({type(exc).__name__})",
+                         at_once=metadata and not transient)
             return None
         except RuntimeError:
             if self._stop.is_set():  # stop() closed the client during this poll
                 return None
             raise
+        if not metadata:
+            state.unreachable = False
         status = response.status_code
         if status in _REFUSED_STATUS:
             self._failed(server, state, path, f"answered {status} (it needs credentials)",
                          level=logging.INFO, at_once=True)
         elif status in _ABSENT_STATUS:
-            why = " (llama-server needs --metrics)" if state.runtime == "llama.cpp" else ""
+            why = " (llama-server needs --metrics)" if state.runtime == "llama.cpp" and path == PATH_METRICS else ""
             level = logging.INFO if server.runtime is not None else logging.DEBUG
-            self._failed(server, state, path, f"answered {status}{why}", level=level)
+            self._failed(server, state, path, f"answered {status}{why}", level=level, at_once=metadata)
         elif not response.is_success:
-            self._failed(server, state, path, f"answered HTTP {status}")
+            self._failed(server, state, path, f"answered HTTP {status}", at_once=metadata and status != 503)
         else:
             return response.content
         return None
@@ -438,11 +458,12 @@ class RuntimeStateObserver:
             self._client = httpx.Client(timeout=TIMEOUT, trust_env=False)
         return self._client
 
-    def _not_its_format(self, server: Server, state: _State, path: str, problem: str) -> None:
+    def _not_its_format(self, server: Server, state: _State, path: str, problem: str,
+                        at_once: bool = False) -> None:
         """A 2xx answer that is not the runtime's format: a failure like any other (quietly for an
         unknown runtime, which was only probing)."""
         level = logging.DEBUG if server.runtime is None else logging.WARNING
-        self._failed(server, state, path, problem, level=level)
+        self._failed(server, state, path, problem, level=level, at_once=at_once)
 
     def _failed(self, server: Server, state: _State, path: str, problem: str,
                 level: int = logging.WARNING, at_once: bool = False) -> None:
@@ -568,24 +589,33 @@ class RuntimeStateObserver:
 
 # --- pure helpers --------------------------------------------------------------------------------
 class _MetadataRoutes:
-    """``parse.runtimes.Routes`` over the poller's client: each route asked once, a failure
-    counted against that route like any poll's."""
+    """``parse.runtimes.Routes`` over the poller's client: each route asked once per read; a
+    route that refuses or lacks the request, or answers what is not JSON, is stopped at once
+    (``stopped``), a 503 or a timeout backs it off like any poll's failure."""
 
     def __init__(self, observer: RuntimeStateObserver, server: Server, state: _State) -> None:
         self._observer, self._server, self._state = observer, server, state
+        self.stopped = False  # a route was stopped: the metadata is not read again for this process
+        self.asked = 0  # requests sent
 
     def json(self, path: str) -> Any:
         text = self.text(path)
         try:
             return json.loads(text) if text is not None else None
         except ValueError:
-            self._observer._not_its_format(self._server, self._state, path, "not JSON")
+            self._observer._not_its_format(self._server, self._state, path, "not JSON", at_once=True)
+            self.stopped = True
             return None
 
     def text(self, path: str) -> str | None:
-        if self._observer._clock() < self._state.retry_at.get(path, 0.0):
+        retry_at = self._state.retry_at.get(path, 0.0)
+        if self._observer._clock() < retry_at:
+            self.stopped = self.stopped or retry_at == math.inf
             return None  # backing off after a failure, as any polled route
-        body = self._observer._fetch(self._server, self._state, path, "application/json")
+        self.asked += 1
+        body = self._observer._fetch(self._server, self._state, path, "application/json", metadata=True)
+        if body is None and self._state.retry_at.get(path, 0.0) == math.inf:
+            self.stopped = True
         return body.decode("utf-8", errors="replace") if body is not None else None
 
 

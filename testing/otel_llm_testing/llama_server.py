@@ -134,11 +134,12 @@ def free_port() -> int:
 
 
 class LlamaServer:
-    """``llama-server`` on 127.0.0.1 with ``--metrics``; a context manager."""
+    """``llama-server`` on 127.0.0.1 with ``--metrics`` (``metrics=False``: without it, as
+    llama.cpp's README starts it); a context manager."""
 
     def __init__(self, slots: int = 1, context: int = 4096, threads: int | None = None,
                  extra_args: list[str] | None = None, startup_timeout: float = 120.0,
-                 cache_dir: Path = DEFAULT_CACHE, port: int = 0) -> None:
+                 cache_dir: Path = DEFAULT_CACHE, port: int = 0, metrics: bool = True) -> None:
         self.slots = slots
         self.context = context
         self.threads = threads
@@ -146,6 +147,7 @@ class LlamaServer:
         self.startup_timeout = startup_timeout
         self.cache_dir = cache_dir
         self.port = port
+        self.metrics = metrics
         self._fixed_port = port  # 0: a free port at each start
         self._proc: subprocess.Popen[str] | None = None
         self._log: deque[str] = deque(maxlen=200)
@@ -161,7 +163,7 @@ class LlamaServer:
 
     def command(self) -> list[str]:
         args = [str(binary_path(self.cache_dir)), "--model", str(model_path(self.cache_dir)), "--host", "127.0.0.1",
-                "--port", str(self.port), "--metrics", "-np", str(self.slots),
+                "--port", str(self.port), *(["--metrics"] if self.metrics else []), "-np", str(self.slots),
                 "-c", str(self.context * self.slots)]
         if self.threads:
             args += ["-t", str(self.threads)]

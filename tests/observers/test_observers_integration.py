@@ -248,3 +248,49 @@ def test_lmstudio_models_listing_on_the_call(sim) -> None:
     attrs = call.attributes
     assert (attrs[sc.LLM_MODEL_CONTEXT_LENGTH], attrs[sc.LLM_MODEL_QUANTIZATION]) == (4096, "Q4_K_M")
     assert attrs[sc.LLM_MODEL_NAME] == "sim-model" and sc.LLM_DIAGNOSIS_PARTIAL_OFFLOAD not in attrs
+
+
+def test_model_of_a_server_started_without_metrics(observed: Otel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """llama-server as its README starts it, without --metrics: /metrics answers 501, yet /props is
+    read once and the calls carry the context length it reports and their context pressure. The
+    server's own log does not list requests, so the poller's requests are counted at its client."""
+    import httpx
+
+    from otel_llm.instrumentor import current_telemetry
+    from otel_llm.observers.runtime_state import MAX_FAILURES, RuntimeStateObserver
+
+    sent: list[tuple[int, str]] = []
+    fetch = RuntimeStateObserver._fetch
+
+    def counted(self: RuntimeStateObserver, server, state, path, accept, metadata=False):  # type: ignore[no-untyped-def]
+        sent.append((server.port, path))
+        return fetch(self, server, state, path, accept, metadata)
+
+    monkeypatch.setattr(RuntimeStateObserver, "_fetch", counted)
+    with LlamaServer(slots=1, context=256, metrics=False) as small:
+        assert httpx.get(f"{small.base_url}/metrics", timeout=10).status_code == 501  # really without it
+        props = httpx.get(f"{small.base_url}/props", timeout=10).json()
+        context = props["default_generation_settings"]["n_ctx"]  # what the server itself reports
+        _ask(small, 4)  # noted by the observers (identified from /proc); /props is read at the next poll
+        telemetry = current_telemetry()
+        assert telemetry is not None and telemetry.observers is not None
+        deadline = time.monotonic() + 30
+        while not telemetry.observers.model_attributes("127.0.0.1", small.port) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        _ask(small, 8)
+        _ask(small, 215)
+        deadline = time.monotonic() + 30  # a few more polls: /props is not asked again
+        while sent.count((small.port, "/metrics")) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    asked = [path for port, path in sent if port == small.port]
+    assert asked.count("/props") == 1, asked
+    assert 3 <= asked.count("/metrics") <= MAX_FAILURES, asked  # absent: backed off, then no longer polled
+    _first, short, long = sorted(observed.calls(), key=lambda c: c.start_time)  # the first may end before the read
+    for call in (short, long):
+        attrs = call.attributes
+        assert attrs[sc.LLM_MODEL_CONTEXT_LENGTH] == context and attrs[sc.LLM_MODEL_SLOTS] == 1
+        assert attrs[sc.LLM_MODEL_NAME].endswith(".gguf")
+        assert attrs[sc.LLM_REQUEST_CONTEXT_PRESSURE] == attrs[sc.GEN_AI_USAGE_INPUT_TOKENS] / context
+    assert short.attributes[sc.GEN_AI_USAGE_INPUT_TOKENS] < 0.8 * context < long.attributes[sc.GEN_AI_USAGE_INPUT_TOKENS]
+    assert short.attributes[sc.LLM_DIAGNOSIS_CONTEXT_PRESSURE] is False
+    assert long.attributes[sc.LLM_DIAGNOSIS_CONTEXT_PRESSURE] is True

@@ -166,8 +166,9 @@ def test_local_runtime_process_is_polled_as_what_it_is(llama_server_process: Oth
 
 @pytest.mark.slow
 def test_restarted_runtime_is_polled_afresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A llama-server answering 500 is polled MAX_FAILURES times, then no more; a new llama-server
-    process on the same port (a restart) is a new endpoint: polled again, and it answers."""
+    """A llama-server answering 500 is polled MAX_FAILURES times, then no more (its /props, which
+    fails too, once); a new llama-server process on the same port (a restart) is a new endpoint:
+    polled again, its /props asked again, and it answers."""
     monkeypatch.setattr(runtime_state, "MAX_SLEEP", 1.0)  # the poller's longest sleep (60 s)
     (tmp_path / "first").mkdir()
     (tmp_path / "second").mkdir()
@@ -179,14 +180,16 @@ def test_restarted_runtime_is_polled_afresh(tmp_path: Path, monkeypatch: pytest.
     try:
         assert wait_for(lambda: len(failing.requests()) >= MAX_FAILURES, timeout=15)
         time.sleep(1.0)  # past the back-off the next poll would have waited
-        assert failing.requests() == ["/metrics"] * MAX_FAILURES
+        asked = ["/metrics"] * MAX_FAILURES + ["/props"]
+        assert sorted(failing.requests()) == asked
         failing.stop()
         restarted = OtherProcess(tmp_path / "second", "llama-server", port=failing.port)
         try:
             # re-identified at the poller's next wake (within MAX_SLEEP)
             assert wait_for(lambda: observer.latest_state(LOOPBACK, failing.port).get("requests.running") == 1,
                             timeout=15)
-            assert failing.requests() == ["/metrics"] * MAX_FAILURES
+            assert sorted(failing.requests()) == asked
+            assert wait_for(lambda: restarted.requests().count("/props") == 1, timeout=5)
         finally:
             restarted.stop()
     finally:
@@ -223,9 +226,9 @@ def test_what_each_mode_polls_of_remote_hosts(mode: str) -> None:
     observer.poll_once()
     observer.stop()
     client.close()
-    named = ["gpu-box:8080/metrics"]
+    named = ["gpu-box:8080/metrics", "gpu-box:8080/props"]  # its model metadata though /metrics is absent
     expected = {POLL_CONFIGURED: named, POLL_LOCAL: named,
-                POLL_ALL: [*named, "10.1.2.3:8000/metrics", "ollama:11434/api/ps"]}[mode]
+                POLL_ALL: [*named, "10.1.2.3:8000/metrics", "10.1.2.3:8000/v1/models", "ollama:11434/api/ps"]}[mode]
     assert sorted(seen) == sorted(expected)
 
 

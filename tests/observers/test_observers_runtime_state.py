@@ -62,7 +62,15 @@ def _handler(fake: FakeRuntime) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:  # noqa: N802 - stdlib name
             fake.hits[self.path] = fake.hits.get(self.path, 0) + 1
-            canned = fake.routes.get(self.path, Canned(404, b'{"error":"not found"}', "application/json"))
+            self._answer(fake.routes.get(self.path, Canned(404, b'{"error":"not found"}', "application/json")))
+
+        def do_POST(self) -> None:  # noqa: N802 - stdlib name
+            """A model call: answered from ``routes["POST <path>"]``; not counted in ``hits``."""
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self._answer(fake.routes.get(f"POST {self.path}",
+                                         Canned(404, b'{"error":"not found"}', "application/json")))
+
+        def _answer(self, canned: Canned) -> None:
             self.send_response(canned.status)
             self.send_header("Content-Type", canned.content_type)
             self.send_header("Content-Length", str(len(canned.body)))
@@ -251,7 +259,7 @@ def test_sglang_metrics_and_runtime_inferred(rig: Rig, fake: FakeRuntime) -> Non
 
 
 def test_model_metadata_read_once_per_runtime_process(rig: Rig, fake: FakeRuntime) -> None:
-    """vLLM's /v1/models (max_model_len) is read after the first successful state poll, once."""
+    """vLLM's /v1/models (max_model_len) is read at the first poll, once."""
     fake.serve("/metrics", _text("vllm_metrics.txt"))
     fake.serve("/v1/models", json.dumps({"object": "list", "data": [
         {"id": "tiny", "object": "model", "max_model_len": 512}]}), content_type="application/json")
@@ -263,6 +271,162 @@ def test_model_metadata_read_once_per_runtime_process(rig: Rig, fake: FakeRuntim
     model = rig.observer.model_of(LOOPBACK, fake.port)
     assert model is not None and (model.context_length, model.model) == (512, "tiny")
     assert fake.hits == {"/metrics": 2, "/v1/models": 1}
+
+
+LLAMACPP_PROPS = {"default_generation_settings": {"n_ctx": 256}, "model_path": "/models/tiny-Q4_K_M.gguf",
+                  "model_ftype": "Q4_K_M", "total_slots": 1}
+
+
+def test_model_metadata_read_once_when_the_state_route_is_absent(rig: Rig, fake: FakeRuntime,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    """llama-server without --metrics: its /metrics is absent (backed off, then no longer polled),
+    its /props is read anyway, at the first poll, and only then."""
+    caplog.set_level(logging.DEBUG, logger="otel_llm")
+    fake.serve("/props", json.dumps(LLAMACPP_PROPS), content_type="application/json")
+    rig.registry.note(LOOPBACK, fake.port, "llama.cpp")  # /metrics: 404
+    rig.observer.poll_once()
+    model = rig.observer.model_of(LOOPBACK, fake.port)
+    assert model is not None and (model.context_length, model.slots) == (256, 1)
+    assert model.model == "/models/tiny-Q4_K_M.gguf" and model.quantization == "Q4_K_M"
+    assert rig.observer.latest_state(LOOPBACK, fake.port) == {}  # no state: nothing to say of it
+    _poll_through_back_off(rig)
+    assert fake.hits == {"/metrics": MAX_FAILURES, "/props": 1}
+    assert rig.observer.model_of(LOOPBACK, fake.port) == model  # kept
+    logs = _runtime_logs(caplog)
+    assert len(logs) == 1 and "/metrics: answered 404 (llama-server needs --metrics)" in logs[0], logs
+
+
+@pytest.mark.parametrize("status", [404, 401, 403, None])
+def test_metadata_route_failing_for_good_is_asked_once(rig: Rig, fake: FakeRuntime,
+                                                       caplog: pytest.LogCaptureFixture, status: int | None) -> None:
+    """Both routes refuse (or lack) the request, or /props answers what is not JSON (None): the
+    metadata route is asked once, never again; a refused state route (401, 403) too, an absent
+    one is backed off and stops at its bound."""
+    caplog.set_level(logging.DEBUG, logger="otel_llm")
+    if status is None:
+        fake.serve("/props", "<html>not here</html>", content_type="text/html")
+    else:
+        body = '{"error":{"code":%d}}' % status
+        fake.serve("/metrics", body, status=status, content_type="application/json")
+        fake.serve("/props", body, status=status, content_type="application/json")
+    rig.registry.note(LOOPBACK, fake.port, "llama.cpp")
+    rig.observer.poll_once()
+    first = dict(fake.hits)
+    assert first == {"/metrics": 1, "/props": 1}
+    _poll_through_back_off(rig, seconds=120, step=0.5)
+    state_route = 1 if status in (401, 403) else MAX_FAILURES  # a refusal stops it at once
+    assert fake.hits == {"/metrics": state_route, "/props": 1}
+    assert rig.observer.model_of(LOOPBACK, fake.port) is None
+    assert not rig.observer._model_pending(rig.observer._states[(LOOPBACK, fake.port)])
+    logs = _runtime_logs(caplog)
+    assert len([m for m in logs if "/props" in m]) == 1 and len([m for m in logs if "/metrics" in m]) == 1, logs
+    assert not [m for m in logs if "/props" in m and "--metrics" in m]
+
+
+def test_metadata_route_refusing_the_connection_is_asked_once() -> None:
+    """LM Studio (no state route): a listing whose connection is refused is not asked again."""
+    seen: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.url.path)
+        raise httpx.ConnectError("refused", request=request)
+
+    registry = ServerRegistry()
+    client = httpx.Client(transport=httpx.MockTransport(handler))
+    observer = RuntimeStateObserver(MeterProvider().get_meter("t"), registry, client=client, interval=0.05,
+                                    policy=PollPolicy(POLL_ALL))
+    now = [1000.0]
+    observer._clock = lambda: now[0]
+    registry.note("lmstudio.local", 1234, "lmstudio")
+    for _ in range(100):
+        observer.poll_once()
+        now[0] += 1.0
+    observer.stop()
+    client.close()
+    assert seen == ["/api/v0/models"]
+
+
+def test_metadata_route_of_a_restarted_server_is_asked_again(rig: Rig, fake: FakeRuntime,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A /props that failed is asked again once another runtime process listens there (new pid)."""
+    generation = [1]
+    monkeypatch.setattr(rig.observer.policy, "generation", lambda host, port: generation[0])
+    rig.registry.note(LOOPBACK, fake.port, "llama.cpp")
+    rig.observer.poll_once()
+    rig.later(60)
+    rig.observer.poll_once()
+    assert fake.hits["/props"] == 1 and rig.observer.model_of(LOOPBACK, fake.port) is None
+    fake.serve("/props", json.dumps(LLAMACPP_PROPS), content_type="application/json")
+    generation[0] = 2  # restarted
+    rig.later(60)
+    rig.observer.poll_once()
+    rig.later(60)
+    rig.observer.poll_once()
+    assert fake.hits["/props"] == 2
+    model = rig.observer.model_of(LOOPBACK, fake.port)
+    assert model is not None and model.context_length == 256
+
+
+def test_metadata_route_of_a_loading_server_is_backed_off(rig: Rig, fake: FakeRuntime) -> None:
+    """A 503 (llama-server answers it while loading its model) is not a refusal: asked again after
+    the back-off, and read once it answers."""
+    fake.serve("/props", '{"error":{"code":503,"message":"Loading model"}}', status=503,
+               content_type="application/json")
+    rig.registry.note(LOOPBACK, fake.port, "llama.cpp")
+    rig.observer.poll_once()
+    rig.observer.poll_once()
+    assert fake.hits["/props"] == 1  # not at once
+    fake.serve("/props", json.dumps(LLAMACPP_PROPS), content_type="application/json")
+    rig.later(0.05)
+    rig.observer.poll_once()
+    rig.later(60)
+    rig.observer.poll_once()
+    assert fake.hits["/props"] == 2
+    model = rig.observer.model_of(LOOPBACK, fake.port)
+    assert model is not None and model.context_length == 256
+
+
+def test_calls_carry_the_model_of_a_server_without_state_route(fake: FakeRuntime) -> None:
+    """Through instrument(): a llama.cpp server (named in the runtimes option) whose /metrics is
+    absent; the calls after /props was read carry its context length and their context pressure,
+    flagged over 80 %; /props is asked once however many polls follow."""
+    from otel_llm import semconv as sc
+    from otel_llm.instrumentor import current_telemetry
+
+    fake.serve("/props", json.dumps(LLAMACPP_PROPS), content_type="application/json")
+    fake.serve("POST /v1/chat/completions", json.dumps({
+        "id": "c1", "object": "chat.completion", "model": "tiny",
+        "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "ok"}}],
+        "usage": {"prompt_tokens": 230, "completion_tokens": 1, "total_tokens": 231}}),
+        content_type="application/json")
+    otel = make_otel()
+    otel_llm.instrument(tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider,
+                        sample_interval=0.2, host_metrics=False, gpu_metrics=False,
+                        runtimes={f"http://{LOOPBACK}:{fake.port}": "llama.cpp"})
+    url = f"http://{LOOPBACK}:{fake.port}/v1/chat/completions"
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+    try:
+        telemetry = current_telemetry()
+        assert telemetry is not None and telemetry.observers is not None
+        with httpx.Client(timeout=10) as client:
+            client.post(url, json=body).raise_for_status()
+            deadline = time.monotonic() + 20
+            while not telemetry.observers.model_attributes(LOOPBACK, fake.port) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            client.post(url, json=body).raise_for_status()
+            deadline = time.monotonic() + 20  # a few more polls of /metrics (0.2, 0.4 s apart...)
+            while fake.hits.get("/metrics", 0) < 3 and time.monotonic() < deadline:
+                time.sleep(0.05)
+    finally:
+        otel_llm.uninstrument()
+    assert fake.hits.get("/metrics", 0) >= 3 and fake.hits["/props"] == 1, fake.hits
+    call = sorted(otel.calls(), key=lambda c: c.start_time)[-1]
+    attrs = call.attributes
+    assert attrs[sc.LLM_MODEL_CONTEXT_LENGTH] == 256 and attrs[sc.LLM_MODEL_SLOTS] == 1
+    assert attrs[sc.LLM_MODEL_NAME] == "/models/tiny-Q4_K_M.gguf"
+    assert attrs[sc.GEN_AI_USAGE_INPUT_TOKENS] == 230
+    assert attrs[sc.LLM_REQUEST_CONTEXT_PRESSURE] == 230 / 256
+    assert attrs[sc.LLM_DIAGNOSIS_CONTEXT_PRESSURE] is True
 
 
 @pytest.mark.parametrize("body", ["not json", '{"data": [{"id": "a", "max_model_len": "NaN"}]}',
@@ -356,7 +520,8 @@ def test_malformed_metrics_logged_once_then_recovers(rig: Rig, fake: FakeRuntime
     rig.later(0.05)
     rig.observer.poll_once()
     assert fake.hits["/metrics"] == 3
-    assert _runtime_logs(caplog) == []  # backing off, not stopped: nothing to say yet
+    metrics_logs = [m for m in _runtime_logs(caplog) if "/metrics" in m]  # (no /v1/models here: one line)
+    assert metrics_logs == []  # backing off, not stopped: nothing to say yet
     assert rig.points("vllm.num_requests_running") == []  # stale series are not reported
     assert rig.points("llm.runtime.requests.waiting") == []
     assert rig.observer.latest_state(LOOPBACK, fake.port) == before  # last good poll, its timestamp
@@ -369,7 +534,8 @@ def test_malformed_metrics_logged_once_then_recovers(rig: Rig, fake: FakeRuntime
     for _ in range(MAX_FAILURES - 1):
         rig.later(10)
         rig.observer.poll_once()
-    assert _runtime_logs(caplog) == [] and fake.hits["/metrics"] == 4 + MAX_FAILURES - 1
+    assert [m for m in _runtime_logs(caplog) if "/metrics" in m] == []
+    assert fake.hits["/metrics"] == 4 + MAX_FAILURES - 1 and fake.hits["/v1/models"] == 1
 
 
 def _poll_through_back_off(rig: Rig, seconds: float = 30.0, step: float = 0.01) -> None:
@@ -396,7 +562,8 @@ def test_http_500_backs_off_exponentially_then_stops(rig: Rig, fake: FakeRuntime
     assert len(asked) == MAX_FAILURES, asked
     gaps = [later - earlier for earlier, later in zip(asked, asked[1:])]
     assert all(want <= gap <= want + 0.011 for gap, want in zip(gaps, (0.05, 0.1, 0.2, 0.4))), gaps
-    logs = _runtime_logs(caplog)
+    assert fake.hits["/props"] == 1  # its model metadata, asked once (absent here: never again)
+    logs = [m for m in _runtime_logs(caplog) if "/metrics" in m]
     assert len(logs) == 1, logs
     assert "answered HTTP 500" in logs[0] and f"no longer polled after {MAX_FAILURES} consecutive" in logs[0]
     assert rig.observer.latest_state(LOOPBACK, fake.port) == {}
@@ -413,7 +580,7 @@ def test_unreachable_runtime_stops_after_the_bound(rig: Rig, caplog: pytest.LogC
     assert time.monotonic() - started < 10  # refused at once, never waited for
     logs = _runtime_logs(caplog)
     assert len(logs) == 1 and "unreachable (ConnectError)" in logs[0] and "no longer polled" in logs[0], logs
-    assert rig.observer._states[(LOOPBACK, port)].failures["/metrics"] == MAX_FAILURES
+    assert rig.observer._states[(LOOPBACK, port)].failures == {"/metrics": MAX_FAILURES}  # /v1/models not tried
     assert rig.observer.latest_state(LOOPBACK, port) == {}
     assert rig.points("llm.runtime.requests.running") == []
 
@@ -447,15 +614,18 @@ def test_absent_endpoint_backs_off_then_stops(rig: Rig, fake: FakeRuntime, caplo
 @pytest.mark.parametrize("status", [401, 403])
 def test_endpoint_refusing_the_poll_stops_at_once(rig: Rig, fake: FakeRuntime, caplog: pytest.LogCaptureFixture,
                                                   status: int) -> None:
-    """A runtime behind an authenticating gateway refuses the unauthenticated poll: asked exactly
-    once, one log line, never again (the poller has no credentials to offer)."""
+    """A runtime behind an authenticating gateway refuses the unauthenticated polls: its state
+    route and its metadata route each asked exactly once, one log line each, never again (the
+    poller has no credentials to offer)."""
     caplog.set_level(logging.DEBUG, logger="otel_llm")
     rig.registry.note(LOOPBACK, fake.port, "llama.cpp")
     fake.serve("/metrics", '{"error":{"code":%d}}' % status, status=status, content_type="application/json")
+    fake.serve("/props", '{"error":{"code":%d}}' % status, status=status, content_type="application/json")
     _poll_through_back_off(rig, seconds=120, step=0.5)
-    assert fake.hits == {"/metrics": 1}
+    assert fake.hits == {"/metrics": 1, "/props": 1}
     logs = _runtime_logs(caplog)
-    assert len(logs) == 1 and "needs credentials" in logs[0] and "no longer polled" in logs[0], logs
+    assert len(logs) == 2, logs
+    assert all("needs credentials" in m and "no longer polled" in m for m in logs), logs
 
 
 @pytest.mark.slow
@@ -477,7 +647,7 @@ def test_real_500_server_gets_a_bounded_number_of_polls(fake: FakeRuntime) -> No
         assert fake.hits["/metrics"] == MAX_FAILURES
         assert elapsed >= 0.75  # backed off: five polls at the 0.05 s interval would take 0.2 s
         time.sleep(1.5)  # twice the back-off the next poll would have waited
-        assert fake.hits == {"/metrics": MAX_FAILURES}
+        assert fake.hits == {"/metrics": MAX_FAILURES, "/v1/models": 1}  # its model metadata: absent, once
     finally:
         observer.stop()
 
