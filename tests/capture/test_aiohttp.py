@@ -80,6 +80,9 @@ def sink() -> Iterator[_Sink]:
         yield fake
     finally:
         install.deactivate()
+        # pytest keeps each test's fixture values to the end of the session: a record's exception
+        # (its traceback, the response) must not outlive the test
+        vars(fake).clear()
 
 
 @pytest.fixture
