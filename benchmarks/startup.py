@@ -21,10 +21,7 @@ endpoint configured: JSON-lines file in a temporary directory, summary line, obs
     imports what the embedded default uses of the OpenTelemetry SDK (no otel_llm), and
     instrumented (``instrument()`` before
     ``import litellm``); with the full (generation 2) garbage collections that ran before the
-    first token, and the CPU of the application's thread and of the others. A second control
-    keeps 1,000 one-item lists before ``import litellm``, no otel_llm: the plain process is that
-    close to the heap size at which CPython's full collection (about 0.25 s
-    over LiteLLM's objects) falls into the first call instead of a later one.
+    first token, and the CPU of the application's thread and of the others.
 
 The simulator is ``otel-llm sim`` (the console command), started once, answering at once.
 ``--source DIR`` measures another checkout of otel_llm (PYTHONPATH=DIR in the children).
@@ -103,8 +100,6 @@ if variant == "otel":
     otel_llm.instrument()
 elif variant == "sdk":  # the control: what the embedded default imports of the SDK, no otel_llm
     import {sdk_imports}
-elif variant == "objects":  # the other control: a heap a little larger than plain's, no otel_llm
-    kept = [[i] for i in range({objects})]
 import litellm
 
 full_gcs = []  # seconds of each full (generation 2) collection since the call started
@@ -143,12 +138,8 @@ print("RESULT " + json.dumps(results))
 
 # the runtime-state poller identifies a new local server from /proc during its first call
 FIRST_CALL_VARIANTS = (("plain", "0"), ("otel", "1"), ("otel_no_poller", "1"))
-# one-item lists the "objects" control keeps before importing LiteLLM (the garbage collector
-# counts containers: 600 of them were enough here, 300 were not)
-CONTROL_OBJECTS = 1000
-_LITELLM = _LITELLM.replace("{sdk_imports}", ", ".join(SDK_IMPORTS)).replace("{objects}", str(CONTROL_OBJECTS))
-LITELLM_VARIANTS = (("plain", "plain"), ("sdk", "plain + SDK imported"),
-                    ("objects", f"plain + {CONTROL_OBJECTS:,} lists"), ("otel", "instrumented"))
+_LITELLM = _LITELLM.replace("{sdk_imports}", ", ".join(SDK_IMPORTS))
+LITELLM_VARIANTS = (("plain", "plain"), ("sdk", "plain + SDK imported"), ("otel", "instrumented"))
 
 
 def child_env(source: Path | None, workdir: Path) -> dict[str, str]:
@@ -275,7 +266,6 @@ def measure_litellm(runs: int, env: dict[str, str], cwd: Path, base_url: str) ->
         out[f"{name}_main_cpu_ms"] = ms(statistics.median(r["main"] for r in firsts))
         out[f"{name}_other_threads_cpu_ms"] = ms(statistics.median(r["process"] - r["main"] for r in firsts))
     out["otel_minus_plain_ms"] = out["otel_first_token_ms"] - out["plain_first_token_ms"]
-    out["otel_minus_objects_ms"] = out["otel_first_token_ms"] - out["objects_first_token_ms"]
     out["otel_minus_plain_without_full_gc_ms"] = (out["otel_first_token_without_full_gc_ms"]
                                                   - out["plain_first_token_without_full_gc_ms"])
     return out
@@ -320,8 +310,6 @@ def report(figures: dict[str, Any]) -> None:
               f" other threads {c[f'{name}_other_threads_cpu_ms']:.1f} ms")
     print(f"    instrumented - plain: {c['otel_minus_plain_ms']:+.1f} ms   target <= {TARGET_LITELLM_MS:.0f} ms: "
           f"{verdict(c['otel_minus_plain_ms'], TARGET_LITELLM_MS)}")
-    print(f"    instrumented - (plain + {CONTROL_OBJECTS:,} lists): {c['otel_minus_objects_ms']:+.1f} ms   "
-          f"target <= {TARGET_LITELLM_MS:.0f} ms: {verdict(c['otel_minus_objects_ms'], TARGET_LITELLM_MS)}")
     print(f"    the same without full GC pauses: {c['otel_minus_plain_without_full_gc_ms']:+.1f} ms   target <= "
           f"{TARGET_LITELLM_MS:.0f} ms: {verdict(c['otel_minus_plain_without_full_gc_ms'], TARGET_LITELLM_MS)}")
 
