@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import gc
 import socket
 import time
 from collections.abc import Iterator
@@ -21,56 +20,20 @@ import httpcore2
 import httpx
 import pytest
 
-import otel_llm
 from otel_llm.capture import httpcore_dns
 from otel_llm.capture import install
 from otel_llm.capture.install import _is_ours, _layers
-from otel_llm.capture.call import CURRENT_CALL, END_ERROR, CallRecord, CallRequest, LlmCall
-from otel_llm.capture.hooks import Patch, flush_collected
+from otel_llm.capture.call import CURRENT_CALL, END_ERROR, CallRequest, LlmCall
+from otel_llm.capture.hooks import Patch
 from otel_llm.parse import routes
+from tests.capture.fake_sink import sink  # noqa: F401 (a fixture)
+from tests.capture.fake_sink import FakeSink as _Sink
 from tests.helpers_servers import ModelServer
 
 CHAT_PATH = "/v1/chat/completions"
 CHAT: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 NAME = "llm.test"  # resolved by the fake resolver below, never by a real one
 _real_getaddrinfo = socket.getaddrinfo
-
-
-class _Sink:
-    capture_content = False
-
-    def __init__(self) -> None:
-        self.records: list[CallRecord] = []
-
-    def route(self, path: str) -> routes.Route | None:
-        return routes.match_route(path)
-
-    def call_started(self, call: LlmCall) -> None:
-        pass
-
-    def call_finished(self, record: CallRecord) -> None:
-        self.records.append(record)
-
-    def one(self) -> CallRecord:
-        gc.collect()
-        assert flush_collected(5.0)
-        assert len(self.records) == 1, [r.end_reason for r in self.records]
-        return self.records[0]
-
-
-@pytest.fixture
-def sink() -> Iterator[_Sink]:
-    """The adapters patched, handing model calls to a fake sink instead of otel_llm's telemetry."""
-    assert not otel_llm.is_instrumented()
-    fake = _Sink()
-    install.activate(lambda: fake)
-    try:
-        yield fake
-    finally:
-        install.deactivate()
-        # pytest keeps each test's fixture values to the end of the session: a record's exception
-        # (its traceback, the response) must not outlive the test
-        vars(fake).clear()
 
 
 @pytest.fixture
