@@ -8,7 +8,7 @@ import asyncio
 import json
 import logging
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from types import SimpleNamespace
 from typing import Any
@@ -24,19 +24,10 @@ from otel_llm.capture.call import (
 )
 from otel_llm.parse import routes
 from tests.conftest import configure_sim
-from tests.capture.fake_sink import MARK, sink  # noqa: F401 (a fixture)
-from tests.capture.fake_sink import FakeSink as _Sink
+from tests.capture.adapter_fixtures import CHAT, CHAT_PATH, MARK, STREAM, model_server, sink  # noqa: F401
+from tests.capture.adapter_fixtures import FakeSink as _Sink
 from tests.helpers_servers import ModelServer
 
-CHAT_PATH = "/v1/chat/completions"
-STREAM: dict[str, Any] = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
-CHAT: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
-
-
-@pytest.fixture
-def model_server() -> Iterator[ModelServer]:
-    with ModelServer(tokens=3, first_token_delay=0.0, token_interval=0.0) as server:
-        yield server
 
 
 def _run(coroutine: Awaitable[Any]) -> Any:

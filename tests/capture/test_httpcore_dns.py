@@ -26,40 +26,10 @@ from otel_llm.capture.install import _is_ours, _layers
 from otel_llm.capture.call import CURRENT_CALL, END_ERROR, CallRequest, LlmCall
 from otel_llm.capture.hooks import Patch
 from otel_llm.parse import routes
-from tests.capture.fake_sink import sink  # noqa: F401 (a fixture)
-from tests.capture.fake_sink import FakeSink as _Sink
+from tests.capture.adapter_fixtures import CHAT, CHAT_PATH, NAME, addrinfo, resolver, sink  # noqa: F401
+from tests.capture.adapter_fixtures import FakeSink as _Sink
 from tests.helpers_servers import ModelServer
 
-CHAT_PATH = "/v1/chat/completions"
-CHAT: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
-NAME = "llm.test"  # resolved by the fake resolver below, never by a real one
-_real_getaddrinfo = socket.getaddrinfo
-
-
-@pytest.fixture
-def resolver(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[str]]:
-    """Names -> addresses for ``socket.getaddrinfo`` (and so for anyio's); ``[]``: the name fails.
-    Every other name goes to the real resolver. ``resolver["asked"]`` lists the hosts looked up."""
-    table: dict[str, list[str]] = {"asked": []}
-
-    def getaddrinfo(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
-        name = host.decode() if isinstance(host, bytes) else host
-        table["asked"].append(name)
-        if name in table:
-            if not table[name]:
-                raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
-            return [_info(ip, int(port)) for ip in table[name]]
-        return _real_getaddrinfo(host, port, *args, **kwargs)
-
-    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
-    return table
-
-
-def _info(ip: str, port: int) -> tuple[Any, ...]:
-    """One ``getaddrinfo`` entry, as the real resolver gives it."""
-    if ":" in ip:
-        return (socket.AF_INET6, socket.SOCK_STREAM, 6, "", (ip, port, 0, 0))
-    return (socket.AF_INET, socket.SOCK_STREAM, 6, "", (ip, port))
 
 
 def _call() -> tuple[LlmCall, _Sink]:
@@ -193,7 +163,7 @@ def test_when_no_address_connects_the_last_failure_is_raised(resolver: dict[str,
 
 
 def _infos(*ips: str) -> list[tuple[Any, ...]]:
-    return [_info(ip, 8443) for ip in ips]
+    return [addrinfo(ip, 8443) for ip in ips]
 
 
 def test_the_async_backend_keeps_its_arguments_and_only_its_own_lookup_is_timed() -> None:

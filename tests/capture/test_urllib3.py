@@ -28,23 +28,14 @@ from otel_llm.capture.hooks import flush_collected
 from otel_llm.capture.record import TlsInfo
 from otel_llm.parse import routes
 from tests.conftest import configure_sim
-from tests.capture.fake_sink import MARK, sink  # noqa: F401 (a fixture)
-from tests.capture.fake_sink import FakeSink as _Sink
+from tests.capture.adapter_fixtures import (  # noqa: F401 (fixtures)
+    CHAT, CHAT_PATH, MARK, NAME, STREAM, model_server, resolver, sink,
+)
+from tests.capture.adapter_fixtures import FakeSink as _Sink
 from tests.helpers_servers import ModelServer, Plan, PlanServer
 
-CHAT_PATH = "/v1/chat/completions"
-STREAM: dict[str, Any] = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
-CHAT: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 SSE = [b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n', b'data: {"choices":[{"delta":{"content":"b"}}]}\n\n',
        b"data: [DONE]\n\n"]
-NAME = "llm.test"  # resolved by the fake resolver below, never by a real one
-_real_getaddrinfo = socket.getaddrinfo
-
-
-@pytest.fixture
-def model_server() -> Iterator[ModelServer]:
-    with ModelServer(tokens=3, first_token_delay=0.0, token_interval=0.0) as server:
-        yield server
 
 
 @pytest.fixture
@@ -52,29 +43,6 @@ def plan_server() -> Iterator[PlanServer]:
     server = PlanServer()
     yield server
     server.close()
-
-
-@pytest.fixture
-def resolver(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[str]]:
-    """Names -> addresses for ``socket.getaddrinfo``; every other name goes to the real resolver.
-    ``resolver["asked"]`` lists the hosts looked up."""
-    table: dict[str, list[str]] = {"asked": []}
-
-    def getaddrinfo(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
-        table["asked"].append(host)
-        if host in table:
-            return [_info(ip, int(port)) for ip in table[host]]
-        return _real_getaddrinfo(host, port, *args, **kwargs)
-
-    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
-    return table
-
-
-def _info(ip: str, port: int) -> tuple[Any, ...]:
-    """One ``getaddrinfo`` entry, as the real resolver gives it."""
-    if ":" in ip:
-        return (socket.AF_INET6, socket.SOCK_STREAM, 6, "", (ip, port, 0, 0))
-    return (socket.AF_INET, socket.SOCK_STREAM, 6, "", (ip, port))
 
 
 def _call() -> LlmCall:
