@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.otel-llm-installed
 
-.PHONY: demo demo-sim test check typecheck docs docs-serve bench gpu-deps venv clean
+.PHONY: demo demo-sim test check typecheck docs docs-serve docs-screenshots bench gpu-deps venv clean
 
 venv: $(STAMP)
 
@@ -44,6 +44,14 @@ docs: venv
 docs-serve: venv
 	$(MKDOCS) serve --dev-addr $(DOCS_ADDR)
 
+# the built site's home and reference pages as headless Chromium draws them: $(SITE_DIR)/*.png
+CHROMIUM ?= chromium
+SHOT := $(CHROMIUM) --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1280,1000
+
+docs-screenshots: docs
+	$(SHOT) --screenshot=$(SITE_DIR)/home.png file://$(abspath $(SITE_DIR))/index.html 2>/dev/null
+	$(SHOT) --screenshot=$(SITE_DIR)/reference.png file://$(abspath $(SITE_DIR))/reference/index.html 2>/dev/null
+
 bench: venv
 	$(PY) benchmarks/overhead.py
 
@@ -53,11 +61,13 @@ bench: venv
 # into .gpu-deps (about 4 MiB), which the script puts first on its path.
 GPU_DEPS := opentelemetry-api==1.45.2 opentelemetry-sdk==1.45.2 opentelemetry-semantic-conventions==0.66b2
 
+GPU_DEPS_DIR ?= .gpu-deps
+
 gpu-deps:
-	rm -rf .gpu-deps
-	$(PYTHON) -m pip install --quiet --disable-pip-version-check --target .gpu-deps --python-version 3.12 \
+	rm -rf $(GPU_DEPS_DIR)
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check --target $(GPU_DEPS_DIR) --python-version 3.12 \
 		--only-binary=:all: --no-deps $(GPU_DEPS)
-	du -sh .gpu-deps
+	du -sh $(GPU_DEPS_DIR)
 
 clean:
 	rm -rf $(VENV) otel-llm-traces.jsonl .pytest_cache site .gpu-deps

@@ -1,7 +1,7 @@
 """The client matrix: every client path the tests drive, what it runs on, and what it sees.
 
-The README's "Clients" table is generated from ``CASES`` and checked against it
-(``tests/project/test_readme.py``); ``tests/capture/test_client_matrix.py`` drives each case against the
+The clients page's table (docs/clients.md) is generated from ``CASES`` and checked against it
+(``tests/project/test_doc_tables.py``); ``tests/capture/test_client_matrix.py`` drives each case against the
 simulator and the real llama.cpp server. A driver makes one chat call the way an application
 would and returns the text the application received.
 """
@@ -32,17 +32,17 @@ Driver = Callable[[str, str, bool, int], str]  # (server base URL, model, stream
 @dataclass(frozen=True)
 class Case:
     id: str
-    label: str  # the README's first column
-    packages: tuple[str, ...]  # distributions whose installed versions the README names
+    label: str  # the table's first column
+    packages: tuple[str, ...]  # distributions whose installed versions the table names
     transport: str  # a key of TRANSPORT_PHASES
-    underneath: str  # the README's words for the transport
+    underneath: str  # the table's words for the transport
     api: str
     drive: Driver
 
     def versions(self) -> str:
         return ", ".join(f"{name} {version(name)}" for name in self.packages)
 
-    def readme_row(self) -> str:
+    def table_row(self) -> str:
         return f"| {self.label} | {self.versions()} | {self.underneath} | {TRANSPORT_PHASES[self.transport]} |"
 
 

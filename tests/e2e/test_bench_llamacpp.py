@@ -22,13 +22,13 @@ REPO = Path(__file__).resolve().parents[2]
 OUTPUT = 32
 SLO = "ttft=0.5,tpot=0.05"
 REQUESTS = 8
-# the README's command, with the test server's URL
+# the bench page's command, with the test server's URL
 COMMAND = (f"--model gemma --concurrency 1,2,4 --requests {REQUESTS} \\\n  --prompt-tokens 64 --output-tokens {OUTPUT} "
            f"--slo {SLO}")
 
 
-def test_the_readme_shows_this_command() -> None:
-    assert f"otel-llm bench http://127.0.0.1:8080 {COMMAND}" in (REPO / "README.md").read_text()
+def test_the_bench_page_shows_this_command() -> None:
+    assert f"otel-llm bench http://127.0.0.1:8080 {COMMAND}" in (REPO / "docs" / "bench.md").read_text()
 
 
 def _bench(server: LlamaServer, tmp_path: Path) -> tuple[str, dict[str, Any]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,21 @@ import pytest
 from otel_llm.export.jsonl import read_jsonl
 from tests.helpers_servers import OtlpHttpCollector
 
-DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo.py"
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "examples" / "demo.py"
+SPAN_LINE = re.compile(r"^  ([a-z_]+\.[a-z_]+) +\+[\d.]+m?s ", re.M)
+
+
+def _waterfalls(text: str) -> dict[str, list[str]]:
+    """The demo's output: each call's label (``== cold (first call after start)``) -> the names of
+    its waterfall's bars, in order."""
+    sections = re.split(r"^== (.+)$", text, flags=re.M)
+    return {label: SPAN_LINE.findall(body) for label, body in zip(sections[1::2], sections[2::2])}
+
+
+def test_waterfalls_reads_each_calls_bars() -> None:
+    text = "== cold\nchat m\n  http.connect        +0.0ms     0.6ms │█ │\n  llm.decode   +1.2s   3.0ms │ │\n== warm\n"
+    assert _waterfalls(text) == {"cold": ["http.connect", "llm.decode"], "warm": []}
 
 
 @pytest.mark.timeout(900)
@@ -35,3 +50,17 @@ def test_demo_on_the_real_server(tmp_path: Path) -> None:
     assert len(calls) == 6
     assert all(c["attributes"]["llm.runtime.name"] == "llama.cpp" for c in calls)
     assert exported.count("chat gemma-3-270m") == 6  # the same calls, also over OTLP
+    _the_documentation_shows_this_output(out)
+
+
+def _the_documentation_shows_this_output(out: str) -> None:
+    """The run the getting-started page and the README show (docs/snippets/demo.txt, and its
+    second concurrent call in the README) has the bars of this real run, call by call."""
+    real = _waterfalls(out)
+    shown = _waterfalls((ROOT / "docs" / "snippets" / "demo.txt").read_text())
+    assert shown and all(real[label] == bars for label, bars in shown.items()), (shown, real)
+    readme = (ROOT / "README.md").read_text()
+    excerpt = readme[readme.index("```text\nchat gemma-3-270m"):]
+    excerpt = excerpt[:excerpt.index("\n```\n")]
+    assert SPAN_LINE.findall(excerpt) == real["concurrent #2"] == shown["concurrent #2"]
+    assert "1 other call(s) in flight" in excerpt and "1 other call(s) in flight" in out.split("== concurrent #2")[1]

@@ -165,13 +165,13 @@ def test_streamed_calls_reach_phoenix_as_one_tree_per_call(phoenix: PhoenixServe
 
 
 ROOT = Path(__file__).resolve().parents[2]
-README_SERVE = "python -m otel_llm_testing.phoenix        # UI and OTLP/HTTP on 127.0.0.1:6006, OTLP/gRPC on 4317"
-README_SEND = "OTEL_LLM_ENDPOINT=http://127.0.0.1:6006 OTEL_METRICS_EXPORTER=none python examples/openai_client.py"
+PAGE_SERVE = "python -m otel_llm_testing.phoenix        # UI and OTLP/HTTP on 127.0.0.1:6006, OTLP/gRPC on 4317"
+PAGE_SEND = "OTEL_LLM_ENDPOINT=http://127.0.0.1:6006 OTEL_METRICS_EXPORTER=none python examples/openai_client.py"
 
 
 @pytest.mark.timeout(900)
-def test_readme_phoenix_commands(upstream: SimProcess, tmp_path: Path) -> None:
-    """The README's two Phoenix lines, with free ports instead of 6006/4317 and the simulator as
+def test_page_phoenix_commands(upstream: SimProcess, tmp_path: Path) -> None:
+    """The documentation's two Phoenix lines, with free ports instead of 6006/4317 and the simulator as
     the model server: the example's call arrives in Phoenix as a trace."""
     import subprocess
     import sys
@@ -179,8 +179,8 @@ def test_readme_phoenix_commands(upstream: SimProcess, tmp_path: Path) -> None:
 
     import httpx
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    assert README_SERVE in readme and README_SEND in readme
+    page = (Path(__file__).resolve().parents[2] / "docs" / "backends.md").read_text()
+    assert PAGE_SERVE in page and PAGE_SEND in page
     from otel_llm_testing.llama_server import free_port
 
     port, grpc_port = free_port(), free_port()

@@ -438,19 +438,19 @@ def _counted_once_in_the_collectors_file(collector: OtlpHttpCollector, trace_id:
     assert text.count("relayed on its behalf as:") == 1 and "out 12" in text, text
 
 
-# --- the README's vLLM lines ------------------------------------------------------------------------
+# --- the documentation's vLLM lines -----------------------------------------------------------------
 ROOT = Path(__file__).resolve().parents[2]
-README_VLLM = ("OTEL_SERVICE_NAME=vllm OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf \\\n"
-               "  python -m vllm.entrypoints.openai.api_server --model MODEL --otlp-traces-endpoint "
-               "http://127.0.0.1:4318/v1/traces")
-README_SERVE = "python -m otel_llm_testing.vllm --otlp http://127.0.0.1:6006"
+PAGE_VLLM = ("OTEL_SERVICE_NAME=vllm OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf \\\n"
+             "  python -m vllm.entrypoints.openai.api_server --model MODEL --otlp-traces-endpoint "
+             "http://127.0.0.1:4318/v1/traces")
+PAGE_SERVE = "python -m otel_llm_testing.vllm --otlp http://127.0.0.1:6006"
 
 
-def test_readme_vllm_tracing_command_is_what_the_tests_run() -> None:
-    """The README's way of turning vLLM's tracing on is the command and environment every
+def test_page_vllm_tracing_command_is_what_the_tests_run() -> None:
+    """The documentation's way of turning vLLM's tracing on is the command and environment every
     test here starts vLLM with (only the model and the addresses differ)."""
-    readme = (ROOT / "README.md").read_text()
-    assert README_VLLM in readme and README_SERVE in readme
+    page = (ROOT / "docs" / "runtimes.md").read_text()
+    assert PAGE_VLLM in page and PAGE_SERVE in page
     server = VllmServer(otlp_traces_endpoint="http://127.0.0.1:4318")
     command, env = server.command(), server._env()
     assert command[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
@@ -477,7 +477,7 @@ def test_every_vllm_process_may_use_amx_tiles() -> None:
 # the one request is a one-token prompt, the first the server gets: on an AMX machine that
 # killed vLLM's worker (SIGILL, a 500) until the virtualenv asked for AMX first (_vllm_amx.py)
 @pytest.mark.flaky(reruns=1)
-def test_readme_serve_command_traces_into_phoenix(phoenix: PhoenixServer, tmp_path: Path) -> None:
+def test_page_serve_command_traces_into_phoenix(phoenix: PhoenixServer, tmp_path: Path) -> None:
     """``python -m otel_llm_testing.vllm --otlp URL`` (a free port instead of 8000, this test's
     Phoenix instead of 6006): it serves, and a request's ``traceparent`` parents vLLM's span."""
     import signal
@@ -487,7 +487,7 @@ def test_readme_serve_command_traces_into_phoenix(phoenix: PhoenixServer, tmp_pa
     from otel_llm_testing.llama_server import free_port
 
     port = free_port()
-    args = README_SERVE.replace("http://127.0.0.1:6006", phoenix.otlp_http_endpoint).split()[1:]
+    args = PAGE_SERVE.replace("http://127.0.0.1:6006", phoenix.otlp_http_endpoint).split()[1:]
     proc = subprocess.Popen([sys.executable, *args, "--port", str(port)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=clean_env(), start_new_session=True)
     try:

@@ -14,6 +14,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from otel_llm_testing import markers
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
@@ -73,11 +74,24 @@ def test_without_nvidia_ml_py_it_says_so_and_exits_0(tmp_path: Path) -> None:
     assert "no GPU (nvidia-ml-py (pynvml) is not installed)" in result.stdout
 
 
-def test_the_readme_gives_both_commands() -> None:
-    readme = (ROOT / "README.md").read_text()
-    assert "make gpu-deps" in readme
-    assert "python benchmarks/gpu_check.py --out gpu-check.json" in readme
+def test_the_observers_page_gives_both_commands() -> None:
+    page = (ROOT / "docs" / "observers.md").read_text()
+    assert "make gpu-deps" in page
+    assert "python benchmarks/gpu_check.py --out gpu-check.json" in page
     assert "\ngpu-deps:" in (ROOT / "Makefile").read_text()
+
+
+@pytest.mark.backend  # the wheels come from PyPI
+@pytest.mark.slow
+def test_make_gpu_deps_fetches_the_sdk_for_python_3_12(tmp_path: Path) -> None:
+    """``make gpu-deps``, into a folder of the test's: the OpenTelemetry API and SDK, importable from it."""
+    markers.need("backend", "pip (the wheels come from PyPI)")
+    target = tmp_path / "deps"
+    done = subprocess.run(["make", "gpu-deps", f"GPU_DEPS_DIR={target}", f"PYTHON={sys.executable}"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (target / "opentelemetry" / "sdk" / "trace" / "__init__.py").is_file()
+    assert (target / "opentelemetry" / "semconv").is_dir()
 
 
 # -- NVML's answers as JSON -------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The README's commands run: `otel-llm sim`, and the benchmark script (as a smoke run)."""
+"""The commands the documentation shows run: `otel-llm sim`, the gateway's quick start, and the
+benchmark scripts of the performance page (as smoke runs)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import httpx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+PERFORMANCE = (ROOT / "docs" / "performance.md").read_text()
 OTEL_LLM = str(Path(sys.executable).with_name("otel-llm"))
 # this checkout's otel_llm, also when the venv's editable install points at another one (a worktree)
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -90,7 +92,7 @@ def test_benchmark_report_survives_a_round_noisier_than_the_overhead(capsys: pyt
 def test_instruction_counts_run_under_callgrind() -> None:
     """``python benchmarks/instructions.py``, shortened to one non-streamed call, on two stacks
     (four children under callgrind each: about 3 minutes)."""
-    assert "python benchmarks/instructions.py" in (ROOT / "README.md").read_text()
+    assert "python benchmarks/instructions.py" in PERFORMANCE
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "instructions.py"), "--stacks",
                              "httpx,requests", "--calls", "1", "--workloads", "call"], capture_output=True, text=True,
                             timeout=880, env=ENV)
@@ -108,7 +110,7 @@ def test_instruction_counts_run_under_callgrind() -> None:
 def test_record_costs_count_the_sdk_per_histogram_record() -> None:
     """``instructions.py --records``, shortened: the SDK's instructions per histogram record grow
     with its attributes (eight children under callgrind, a few seconds each)."""
-    assert "python benchmarks/instructions.py --records" in (ROOT / "README.md").read_text()
+    assert "python benchmarks/instructions.py --records" in PERFORMANCE
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "instructions.py"), "--records", "--calls", "20"],
                             capture_output=True, text=True, timeout=580, env=ENV)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -126,7 +128,7 @@ def test_replayed_streams_give_the_per_chunk_figure() -> None:
     """``instructions.py --replay``, shortened to one 256-token stream per run: the client's
     instructions per chunk and what otel_llm adds to them, from recorded chunks replayed through
     httpx2's transport (four children under callgrind)."""
-    assert "python benchmarks/instructions.py --replay" in (ROOT / "README.md").read_text()
+    assert "python benchmarks/instructions.py --replay" in PERFORMANCE
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "instructions.py"), "--replay", "--streams",
                              "1", "--tokens", "256", "--repeat", "1"],
                             capture_output=True, text=True, timeout=880, env=ENV)
@@ -176,7 +178,7 @@ def test_peer_instruction_counts_include_the_sdk_floor(tmp_path: Path) -> None:
 def test_breakdown_benchmark_runs_and_reports_each_part() -> None:
     """``python benchmarks/breakdown.py``, shortened: SDK record costs, added CPU per call for
     each configuration, and per chunk with an idle and a busy consumer."""
-    assert "python benchmarks/breakdown.py" in (ROOT / "README.md").read_text()
+    assert "python benchmarks/breakdown.py" in PERFORMANCE
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "breakdown.py"), "--rounds", "1",
                              "--calls", "10", "--streams", "2", "--busy", "2"], capture_output=True, text=True,
                             timeout=300, env=ENV)
@@ -191,7 +193,7 @@ def test_breakdown_benchmark_runs_and_reports_each_part() -> None:
 def test_bench_clients_benchmark_prints_each_client_with_and_without_otel_llm() -> None:
     """``python benchmarks/bench_clients.py``, shortened: the generator's CPU per stream through
     aiohttp and httpx, each with otel_llm off and on (figures only: speed is not asserted)."""
-    assert "python benchmarks/bench_clients.py" in (ROOT / "README.md").read_text()
+    assert "python benchmarks/bench_clients.py" in PERFORMANCE
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_clients.py"), "--streams", "8",
                              "--tokens", "16"], capture_output=True, text=True, timeout=300, env=ENV)
     assert result.returncode == 0, result.stderr
@@ -206,7 +208,7 @@ def test_bench_clients_benchmark_prints_each_client_with_and_without_otel_llm() 
 def test_observers_benchmark_runs_with_a_real_llama_server() -> None:
     """``python benchmarks/observers.py --llama``, shortened: warm costs, the runtime process
     found by its port, and the threads in place, calling and idle."""
-    assert "python benchmarks/observers.py --llama" in (ROOT / "README.md").read_text()
+    assert "python benchmarks/observers.py --llama" in PERFORMANCE
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "observers.py"), "--llama", "--cycles", "5",
                              "--ticks", "20", "--in-place", "1"], capture_output=True, text=True, timeout=300,
                             env=ENV)
@@ -218,16 +220,16 @@ def test_observers_benchmark_runs_with_a_real_llama_server() -> None:
     assert [kind for kind, _ in shares] == ["calling every 0.5 s", "idle"], result.stdout
 
 
-README = (ROOT / "README.md").read_text()
+GATEWAY_PAGE = (ROOT / "docs" / "gateway.md").read_text()
 KEYGEN = "otel-llm gateway keygen alice --routes '/v1/*' '/api/*' >> keys.toml"
 SERVE = "otel-llm gateway --upstream http://127.0.0.1:11434 --listen 127.0.0.1:8080 --keys keys.toml"
 
 
-def test_readme_gateway_commands_run(tmp_path: Path) -> None:
-    """The README's two gateway lines, run by a shell, with only the addresses changed."""
+def test_gateway_page_commands_run(tmp_path: Path) -> None:
+    """The gateway page's two quick-start lines, run by a shell, with only the addresses changed."""
     from otel_llm.tools.sim import SimProcess
 
-    assert KEYGEN in README and SERVE in README
+    assert KEYGEN in GATEWAY_PAGE and SERVE in GATEWAY_PAGE
     bin_dir = str(Path(OTEL_LLM).parent)
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHONPATH": str(ROOT), "OTEL_LLM_HOST_METRICS": "false",
            "OTEL_LLM_TRACES_FILE": str(tmp_path / "t.jsonl")}

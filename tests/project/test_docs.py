@@ -25,6 +25,7 @@ import pytest
 
 from otel_llm import semconv
 from otel_llm import semconv_reference as ref
+from tests.tools.test_diagnose_html import chromium  # noqa: F401 - the fixture (installs Chromium)
 
 ROOT = Path(__file__).resolve().parents[2]
 # this checkout's otel_llm, also when the venv's editable install points at another one (a worktree)
@@ -111,45 +112,111 @@ def _make_command(target: str, *variables: str) -> str:
     return printed[-1]
 
 
-# Each shell command the site shows -> what runs it: a test in this module, or CI (.ci/run).
+# Each shell command the README or a page shows -> what runs it: a test ("FILE::NAME", with the
+# command's own arguments or only the addresses changed), or CI (.ci/run).
+E2E, PROJECT, TOOLS = "tests/e2e/", "tests/project/", "tests/tools/"
 RUN_BY = {
-    "make docs": "test_make_docs_builds_the_site_strictly",
-    "make docs-serve": "test_make_docs_serve_serves_the_site",
+    "make docs": "tests/project/test_docs.py::test_make_docs_builds_the_site_strictly",
+    "make docs-serve": "tests/project/test_docs.py::test_make_docs_serve_serves_the_site",
+    "make docs-screenshots":
+        "tests/project/test_docs.py::test_make_docs_screenshots_draws_the_home_and_reference_pages_as_documentation",
     "make typecheck": ".ci/run",
     "make test": ".ci/run",
-    "make check": "test_make_check_is_the_type_check_and_make_test_without_the_marked_tests",
+    "make check": "tests/project/test_docs.py::test_make_check_is_the_type_check_and_make_test_without_the_marked_tests",
+    "make demo": E2E + "test_demo_llamacpp.py::test_demo_on_the_real_server",
+    "OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 make demo": E2E + "test_demo_llamacpp.py::test_demo_on_the_real_server",
+    "make gpu-deps": "tests/observers/test_gpu_check.py::test_make_gpu_deps_fetches_the_sdk_for_python_3_12",
+    "pip wheel --no-deps -w dist .": PROJECT + "test_packaging.py::test_the_wheel_alone_traces_a_streamed_call",
+    "pip install dist/otel_llm-*.whl": PROJECT + "test_packaging.py::test_the_wheel_alone_traces_a_streamed_call",
+    "otel-llm view --last 1": E2E + "test_examples.py::test_quickstart_then_view",
+    "opentelemetry-instrument python examples/zero_code.py":
+        E2E + "test_examples_clients.py::test_zero_code_under_opentelemetry_instrument",
+    "python -m otel_llm_testing.phoenix": E2E + "test_phoenix.py::test_page_phoenix_commands",
+    "OTEL_LLM_ENDPOINT=http://127.0.0.1:6006 OTEL_METRICS_EXPORTER=none python examples/openai_client.py":
+        E2E + "test_phoenix.py::test_page_phoenix_commands",
+    "OTEL_SERVICE_NAME=vllm OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf python -m vllm.entrypoints.openai.api_server "
+    "--model MODEL --otlp-traces-endpoint http://127.0.0.1:4318/v1/traces":
+        E2E + "test_vllm.py::test_page_vllm_tracing_command_is_what_the_tests_run",
+    "python -m otel_llm_testing.vllm --otlp http://127.0.0.1:6006": E2E + "test_vllm.py::test_page_serve_command_traces_into_phoenix",
+    "otel-llm bench http://127.0.0.1:8000 --model NAME --concurrency 1,2,4,8 --output-tokens 64 "
+    "--slo ttft=0.5,tpot=0.05 --json bench.json": TOOLS + "test_bench.py::test_the_pages_command_runs_against_the_simulator",
+    "otel-llm bench http://127.0.0.1:8080 --model gemma --concurrency 1,2,4 --requests 8 --prompt-tokens 64 "
+    "--output-tokens 32 --slo ttft=0.5,tpot=0.05": E2E + "test_bench_llamacpp.py::test_one_slot_queues_the_second_request",
+    "python benchmarks/vs_vllm_bench.py --rounds 10 --requests 48": E2E + "test_bench_vllm.py::test_side_by_side_with_vllm_bench_serve",
+    "otel-llm gateway keygen alice --routes '/v1/*' '/api/*' >> keys.toml": PROJECT + "test_commands.py::test_gateway_page_commands_run",
+    "otel-llm gateway --upstream http://127.0.0.1:11434 --listen 127.0.0.1:8080 --keys keys.toml":
+        PROJECT + "test_commands.py::test_gateway_page_commands_run",
+    "python benchmarks/gpu_check.py --out gpu-check.json": "tests/observers/test_gpu_check.py::test_without_a_gpu_it_says_so_and_exits_0",
+    "python benchmarks/instructions.py": PROJECT + "test_commands.py::test_instruction_counts_run_under_callgrind",
+    "python benchmarks/instructions.py --records": PROJECT + "test_commands.py::test_record_costs_count_the_sdk_per_histogram_record",
+    "python benchmarks/instructions.py --replay": PROJECT + "test_commands.py::test_replayed_streams_give_the_per_chunk_figure",
+    "python benchmarks/instructions.py --peers": PROJECT + "test_commands.py::test_peer_instruction_counts_include_the_sdk_floor",
+    "python benchmarks/overhead.py --rounds 5": PROJECT + "test_commands.py::test_benchmark_script_compares_each_stack_with_the_httpx_path",
+    "python benchmarks/breakdown.py": PROJECT + "test_commands.py::test_breakdown_benchmark_runs_and_reports_each_part",
+    "python benchmarks/bench_clients.py":
+        PROJECT + "test_commands.py::test_bench_clients_benchmark_prints_each_client_with_and_without_otel_llm",
+    "python benchmarks/peers.py": TOOLS + "test_bench_peers.py::test_quick_run_prints_the_tables_ratios_and_capabilities",
+    "python benchmarks/observers.py --llama": PROJECT + "test_commands.py::test_observers_benchmark_runs_with_a_real_llama_server",
+    "python benchmarks/gateway.py": PROJECT + "test_commands.py::test_gateway_benchmark_runs_and_reports_the_target",
+    "python benchmarks/startup.py --runs 5": PROJECT + "test_startup_benchmark.py::test_quick_run_reports_every_figure_and_target",
+}
+
+# The Compose stack needs Docker, which the machine the tests run on lacks: these are checked, not
+# run (every file they use is validated by the named test).
+CHECKED_NOT_RUN = {
+    "docker compose -f deploy/compose.yaml up -d": PROJECT + "test_collector_config.py::test_configs_exist",
+    "curl -s http://127.0.0.1:13133/": PROJECT + "test_collector_config.py::test_has_the_required_sections",
 }
 
 
-def _doc_commands() -> dict[str, set[str]]:
-    """Each command in a shell block of a page (comments left out) -> the pages showing it."""
+def _pages() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def _doc_commands(pages: list[Path] | None = None) -> dict[str, set[str]]:
+    """Each command in a shell block of the README or a page (comments left out, a line ended with
+    a backslash joined to the next) -> the pages showing it."""
     commands: dict[str, set[str]] = {}
-    for page in (ROOT / "docs").rglob("*.md"):
+    for page in pages if pages is not None else _pages():
         for block in re.findall(r"```(?:sh|bash|shell|console)\n(.*?)```", page.read_text(), re.S):
-            for line in block.splitlines():
-                if line.split("#")[0].strip():
-                    commands.setdefault(line.split("#")[0].strip(), set()).add(page.name)
+            for line in block.replace("\\\n", " ").splitlines():
+                command = " ".join(line.split("#")[0].split())
+                if command:
+                    commands.setdefault(command, set()).add(page.name)
     return commands
 
 
 def _unaccounted(commands: dict[str, set[str]]) -> dict[str, set[str]]:
-    return {command: pages for command, pages in commands.items() if command not in RUN_BY}
+    return {command: pages for command, pages in commands.items()
+            if command not in RUN_BY and command not in CHECKED_NOT_RUN}
+
+
+def _test_exists(runner: str) -> bool:
+    """``FILE::NAME`` names a test function defined at the top level of FILE."""
+    path, _, name = runner.partition("::")
+    source = (ROOT / path).read_text() if (ROOT / path).is_file() else ""
+    return bool(name) and re.search(rf"^(async )?def {re.escape(name)}\(", source, re.M) is not None
 
 
 def test_every_command_in_the_docs_is_run_here() -> None:
     commands = _doc_commands()
     assert not _unaccounted(commands), f"not run by a test or CI (add it to RUN_BY): {_unaccounted(commands)}"
-    assert set(commands) == set(RUN_BY)  # and RUN_BY names no command the site no longer shows
+    # and RUN_BY names no command the README and the site no longer show
+    assert set(commands) == set(RUN_BY) | set(CHECKED_NOT_RUN)
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
-    for command, runner in RUN_BY.items():
+    for command, runner in [*RUN_BY.items(), *CHECKED_NOT_RUN.items()]:
         if runner == ".ci/run":
             assert command in ci, command
         else:
-            assert callable(globals().get(runner)), (command, runner)
+            assert _test_exists(runner), (command, runner)
 
 
-def test_an_unknown_command_in_the_docs_is_reported() -> None:
-    assert _unaccounted({"make docs": {"index.md"}, "make demo": {"x.md"}}) == {"make demo": {"x.md"}}
+def test_an_unknown_command_in_the_docs_is_reported(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("```sh\nmake docs   # the site\nmake demo-sim \\\n  --fast\n```\n")
+    assert _unaccounted(_doc_commands([page])) == {"make demo-sim --fast": {"page.md"}}
+    assert not _test_exists("tests/project/test_docs.py::test_that_does_not_exist")
+    assert _test_exists(RUN_BY["make docs"])
 
 
 def test_make_check_is_the_type_check_and_make_test_without_the_marked_tests() -> None:
@@ -223,3 +290,35 @@ def test_make_docs_serve_serves_the_site() -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
+
+
+@pytest.mark.backend  # headless Chromium, installed from Debian when missing
+@pytest.mark.slow
+def test_make_docs_screenshots_draws_the_home_and_reference_pages_as_documentation(
+        tmp_path: Path, chromium: str) -> None:  # noqa: F811
+    """The screenshots the contributing page asks for: both pages drawn with the theme's styles (its
+    indigo header bar across the top), not as unstyled HTML, and the reference with its tables."""
+    from tests.tools.test_diagnose_html import _read_png
+
+    site = tmp_path / "site"
+    done = subprocess.run(["make", "docs-screenshots", f"VENV={VENV}", f"SITE_DIR={site}", f"CHROMIUM={chromium}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300, env=ENV)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for name in ("home", "reference"):
+        width, height, rows = _read_png(site / f"{name}.png")
+        assert (width, height) == (1280, 1000), name
+        header = {rows[20][x * 3: x * 3 + 3] for x in range(300, 900)}
+        assert header == {bytes((0x40, 0x51, 0xB5))}, (name, list(header)[:5])  # Material's indigo
+        body = {rows[y][x * 3: x * 3 + 3] for y in range(100, 1000, 7) for x in range(0, 1280, 5)}
+        assert len(body) > 20, name  # text and code on the page, not a blank one
+
+
+def test_the_attributes_the_captured_page_shows_are_names_otel_llm_emits() -> None:
+    """The example call's attributes on the 'what is captured' page: every one a name in semconv."""
+    page = (ROOT / "docs" / "captured.md").read_text()
+    block = page[page.index("## Attributes"):]
+    block = block[block.index("```"):block.index("```", block.index("```") + 3)]
+    shown = re.findall(r"([a-z_]+(?:\.[a-z_]+)+) = ", block)
+    assert len(shown) > 25
+    names = set(ref.public_constants(semconv).values())
+    assert not [name for name in shown if name not in names]

@@ -1,4 +1,4 @@
-"""The layout: the README's Layout section matches the tree, the SDK never imports a tool, and the
+"""The layout: the architecture page's Layout section matches the tree, the SDK never imports a tool, and the
 packages import each other without a cycle or a reach into another package's private module."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _layout_section() -> str:
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "architecture.md").read_text()
     start = text.index("\n## Layout\n")
     end = text.find("\n## ", start + 1)
     return text[start:end if end > 0 else None]
@@ -40,7 +40,7 @@ def test_the_layout_section_names_every_folder_and_package() -> None:
     named = set(re.findall(r"`([\w.-]+(?:/[\w.-]+)*/)`", section))
     missing = sorted((_tracked_top_level() | set(_packages())) - named - {
         p for p in _packages() if p.startswith("otel_llm/tools/") and p.count("/") > 3})
-    assert not missing, f"not in the README's Layout section: {missing}"
+    assert not missing, f"not in the Layout section of docs/architecture.md: {missing}"
 
 
 def test_every_path_the_layout_section_names_exists() -> None:

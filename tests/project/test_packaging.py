@@ -24,7 +24,7 @@ SDK = ROOT / "otel_llm"
 # Imported by the SDK only where the library that needs them is installed (httpcore's async
 # backend brings anyio), so never a requirement of its own.
 OPTIONAL = {"anyio"}
-OPENAI = "openai==3.57.0"  # the application's own client, at the version the README names
+OPENAI = "openai==3.57.0"  # the application's own client, at the version the clients page names
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.backend, pytest.mark.slow]
 

@@ -311,11 +311,11 @@ def test_ctrl_c_between_two_levels_keeps_the_levels_measured(tmp_path: Path, mon
 
 
 @pytest.mark.slow
-def test_readme_command_runs_against_the_simulator(tmp_path: Path) -> None:
-    """The README's bench command, its URL pointed at the simulator (an OpenAI-compatible vLLM)."""
-    readme = (REPO / "README.md").read_text()
-    start = readme.index("```\notel-llm bench http://127.0.0.1:8000") + 4
-    command = readme[start:readme.index("```", start)].replace("\\\n", " ").split()
+def test_the_pages_command_runs_against_the_simulator(tmp_path: Path) -> None:
+    """The bench page's first command, its URL pointed at the simulator (an OpenAI-compatible vLLM)."""
+    page = (REPO / "docs" / "bench.md").read_text()
+    start = page.index("```sh\notel-llm bench http://127.0.0.1:8000") + 6
+    command = page[start:page.index("```", start)].replace("\\\n", " ").split()
     assert command[:2] == ["otel-llm", "bench"]
     with SimProcess(first_token_delay=0.01, token_interval=0.002, tokens=64) as sim:
         args = [sim.base_url if a == "http://127.0.0.1:8000" else "sim-model" if a == "NAME" else a
