@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import quote
 
 HERE = Path(__file__).resolve().parent
@@ -158,15 +158,63 @@ def stat(title: str, description: str, targets: list[dict[str, Any]], unit: str)
                         "orientation": "auto"}}
 
 
-def quantile(q: float, metric: str, selector: str, by: str) -> str:
-    return f"histogram_quantile({q}, sum by (le, {by}) (rate({metric}_bucket{{{selector}}}[{RI}])))" if by else \
-        f"histogram_quantile({q}, sum by (le) (rate({metric}_bucket{{{selector}}}[{RI}])))"
+# otel_llm's model-call metrics under today's names and under semantic-conventions-genai's, which
+# OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental selects (docs/options.md): the queries
+# read "today's or the new", so a service charts in any of the three modes. "or" keeps the left
+# side's series where a service emits both (/dup): nothing is counted twice.
+DURATION = ("gen_ai_client_operation_duration_seconds", "gen_ai_client_inference_duration_seconds")
+FIRST_CHUNK = ("gen_ai_client_operation_time_to_first_chunk_seconds",
+               "gen_ai_client_inference_time_to_first_chunk_seconds")
+PER_CHUNK = ("gen_ai_client_operation_time_per_output_chunk_seconds",
+             "gen_ai_client_inference_time_per_output_chunk_seconds")
+CALLS = tuple(name + "_count" for name in DURATION)  # one observation per finished call
+SERVICE = 'service_name=~"$service"'
+SERVICE_RUNTIME = SERVICE + ', gen_ai_provider_name=~"$runtime"'
+Metric = str | tuple[str, ...]  # one name, or the names of the same series in each convention
 
 
-def mean(metric: str, selector: str, by: str) -> str:
+def either(metric: Metric, query: Callable[[str], str]) -> str:
+    """``query`` of the one metric, or of each name joined by ``or`` (first name first)."""
+    if isinstance(metric, str):
+        return query(metric)
+    return "(" + " or ".join(query(name) for name in metric) + ")"
+
+
+def series(metric: Metric, selector: str) -> str:
+    """A series selector for label_values(): the metric's name(s) and ``selector``."""
+    if isinstance(metric, str):
+        return f"{metric}{{{selector}}}"
+    return f'{{__name__=~"{"|".join(metric)}", {selector}}}'
+
+
+def quantile(q: float, metric: Metric, selector: str, by: str) -> str:
+    group = f"le, {by}" if by else "le"
+    return f"histogram_quantile({q}, " + either(
+        metric, lambda m: f"sum by ({group}) (rate({m}_bucket{{{selector}}}[{RI}]))") + ")"
+
+
+def rate_sum(metric: Metric, selector: str, by: str | None = None) -> str:
+    """Per-second rate of a counter (or a histogram's ``_count`` / ``_sum``), summed ``by``."""
+    group = f" by ({by}) " if by else ""
+    return either(metric, lambda m: f"sum{group}(rate({m}{{{selector}}}[{RI}]))")
+
+
+def mean(metric: Metric, selector: str, by: str) -> str:
     """Mean of a histogram's observations over the rate window."""
-    return (f"sum by ({by}) (rate({metric}_sum{{{selector}}}[{RI}])) / "
-            f"sum by ({by}) (rate({metric}_count{{{selector}}}[{RI}]))")
+    if isinstance(metric, str):
+        return (f"sum by ({by}) (rate({metric}_sum{{{selector}}}[{RI}])) / "
+                f"sum by ({by}) (rate({metric}_count{{{selector}}}[{RI}]))")
+    return (f"{rate_sum(tuple(m + '_sum' for m in metric), selector, by)} / "
+            f"{rate_sum(tuple(m + '_count' for m in metric), selector, by)}")
+
+
+def tokens_per_second(selector: str, by: str) -> str:
+    """Tokens per second by gen_ai_token_type (input / output) and ``by``: gen_ai.client.token.usage,
+    or the semantic-conventions-genai usage counters labelled the same way."""
+    old = f"sum by (gen_ai_token_type, {by}) (rate(gen_ai_client_token_usage_sum{{{selector}}}[{RI}]))"
+    new = [f'label_replace(sum by ({by}) (rate(gen_ai_client_inference_usage_{kind}_tokens_total{{{selector}}}'
+           f'[{RI}])), "gen_ai_token_type", "{kind}", "", "")' for kind in ("input", "output")]
+    return " or ".join([old, *new])
 
 
 def dashboard(uid: str, title: str, description: str, variables: list[dict[str, Any]], layout: Layout,
@@ -207,14 +255,13 @@ MR_LEGEND = "{{gen_ai_request_model}} ({{gen_ai_provider_name}})"
 
 
 def calls_dashboard() -> dict[str, Any]:
-    count = "gen_ai_client_operation_duration_seconds_count"
     variables = [
         datasource_variable(),
-        query_variable("service", "Service", f"label_values({count}{{{NOT_RELAYED}}}, service_name)"),
-        query_variable("runtime", "Runtime",
-                       f'label_values({count}{{service_name=~"$service", {NOT_RELAYED}}}, gen_ai_provider_name)'),
-        query_variable("model", "Model", f'label_values({count}{{service_name=~"$service", '
-                                         f'gen_ai_provider_name=~"$runtime", {NOT_RELAYED}}}, gen_ai_request_model)'),
+        query_variable("service", "Service", f"label_values({series(CALLS, NOT_RELAYED)}, service_name)"),
+        query_variable("runtime", "Runtime", f"label_values({series(CALLS, SERVICE + ', ' + NOT_RELAYED)}, "
+                                             "gen_ai_provider_name)"),
+        query_variable("model", "Model", f"label_values({series(CALLS, SERVICE_RUNTIME + ', ' + NOT_RELAYED)}, "
+                                         "gen_ai_request_model)"),
         traces_variable(), jaeger_variable(),
     ]
     lay = Layout()
@@ -228,24 +275,24 @@ def calls_dashboard() -> dict[str, Any]:
         "llm.first_token: headers to the first generated token; llm.decode: first to last token; "
         "http.download: body of a non-streamed answer.",
         [target(f"sum by (llm_phase) (rate(llm_client_phase_duration_seconds_sum{{{CALL}}}[{RI}])) / on() "
-                f"group_left() sum(rate({count}{{{CALL}}}[{RI}]))", "{{llm_phase}}", exemplar=True)],
+                f"group_left() {rate_sum(CALLS, CALL)}", "{{llm_phase}}", exemplar=True)],
         "s", stack=True, links=[CALL_TRACES]), w=12, h=9)
     lay.add(timeseries(
         "Call duration p50 / p95 by model",
         "gen_ai.client.operation.duration: whole model call as the client saw it, request start to the end of "
         "the response body. Exemplars (when your pipeline carries them) open the trace of one call.",
-        [target(quantile(0.5, "gen_ai_client_operation_duration_seconds", CALL, MR), "p50 " + MR_LEGEND,
+        [target(quantile(0.5, DURATION, CALL, MR), "p50 " + MR_LEGEND,
                 exemplar=True),
-         target(quantile(0.95, "gen_ai_client_operation_duration_seconds", CALL, MR), "p95 " + MR_LEGEND, "B",
+         target(quantile(0.95, DURATION, CALL, MR), "p95 " + MR_LEGEND, "B",
                 exemplar=True)],
         "s", links=[CALL_TRACES]), w=12, h=9)
     lay.add(timeseries(
         "Time to first token p50 / p95 by model and runtime",
         "gen_ai.client.operation.time_to_first_chunk: request start to the first chunk carrying generated output "
         "(streamed calls only; role-only deltas, keep-alives and progress events do not count).",
-        [target(quantile(0.5, "gen_ai_client_operation_time_to_first_chunk_seconds", CALL, MR), "p50 " + MR_LEGEND,
+        [target(quantile(0.5, FIRST_CHUNK, CALL, MR), "p50 " + MR_LEGEND,
                 exemplar=True),
-         target(quantile(0.95, "gen_ai_client_operation_time_to_first_chunk_seconds", CALL, MR), "p95 " + MR_LEGEND,
+         target(quantile(0.95, FIRST_CHUNK, CALL, MR), "p95 " + MR_LEGEND,
                 "B", exemplar=True)],
         "s", links=[CALL_TRACES]))
     lay.add(timeseries(
@@ -253,7 +300,7 @@ def calls_dashboard() -> dict[str, Any]:
         "Client: gen_ai.client.operation.time_to_first_chunk. Runtime: gen_ai.server.time_to_first_token, from "
         "the runtime's own counters in the response (queue + model load + prompt evaluation). The gap is time "
         "the runtime does not account for: network, proxies, queueing it does not report.",
-        [target(quantile(0.5, "gen_ai_client_operation_time_to_first_chunk_seconds", CALL, MR), "client " + MR_LEGEND,
+        [target(quantile(0.5, FIRST_CHUNK, CALL, MR), "client " + MR_LEGEND,
                 exemplar=True),
          target(quantile(0.5, "gen_ai_server_time_to_first_token_seconds", CALL, MR), "runtime " + MR_LEGEND, "B",
                 exemplar=True)],
@@ -272,8 +319,8 @@ def calls_dashboard() -> dict[str, Any]:
         "(gen_ai.client.operation.time_per_output_chunk; one chunk is one token for most runtimes). Runtime: mean of "
         "llm.runtime.generation.rate, the rate the runtime reports (llama.cpp predicted_per_second, Ollama "
         "eval_count / eval_duration). A client rate well below the runtime's means the tokens are slowed on the way.",
-        [target(f"sum by ({MR}) (rate(gen_ai_client_operation_time_per_output_chunk_seconds_count{{{CALL}}}[{RI}])) / "
-                f"sum by ({MR}) (rate(gen_ai_client_operation_time_per_output_chunk_seconds_sum{{{CALL}}}[{RI}]))",
+        [target(f"{rate_sum(tuple(m + '_count' for m in PER_CHUNK), CALL, MR)} / "
+                f"{rate_sum(tuple(m + '_sum' for m in PER_CHUNK), CALL, MR)}",
                 "client " + MR_LEGEND),
          target(mean("llm_runtime_generation_rate_per_second", CALL, MR), "runtime " + MR_LEGEND, "B")],
         "tok/s"))
@@ -283,9 +330,9 @@ def calls_dashboard() -> dict[str, Any]:
         "per-call mean chunk interval's p50 and p90 (histogram buckets double, so the client values are coarse).",
         [target(quantile(0.5, "llm_runtime_generation_rate_per_second", CALL, MR), "runtime p50 " + MR_LEGEND),
          target(quantile(0.1, "llm_runtime_generation_rate_per_second", CALL, MR), "runtime p10 " + MR_LEGEND, "B"),
-         target("1 / " + quantile(0.5, "gen_ai_client_operation_time_per_output_chunk_seconds", CALL, MR),
+         target("1 / " + quantile(0.5, PER_CHUNK, CALL, MR),
                 "client p50 " + MR_LEGEND, "C"),
-         target("1 / " + quantile(0.9, "gen_ai_client_operation_time_per_output_chunk_seconds", CALL, MR),
+         target("1 / " + quantile(0.9, PER_CHUNK, CALL, MR),
                 "client p10 " + MR_LEGEND, "D")],
         "tok/s"))
     lay.add(timeseries(
@@ -297,16 +344,13 @@ def calls_dashboard() -> dict[str, Any]:
     lay.add(timeseries(
         "Tokens per second (input / output)",
         "gen_ai.client.token.usage as reported by the responses, summed per second by token type.",
-        [target(f"sum by (gen_ai_token_type, gen_ai_request_model) "
-                f"(rate(gen_ai_client_token_usage_sum{{{CALL}}}[{RI}]))",
-                "{{gen_ai_token_type}} {{gen_ai_request_model}}")],
+        [target(tokens_per_second(CALL, "gen_ai_request_model"), "{{gen_ai_token_type}} {{gen_ai_request_model}}")],
         "tok/s", stack=True))
     lay.add(timeseries(
         "Model calls per second by model and error",
         "Calls finished per second (gen_ai.client.operation.duration count); error_type is set on failed calls "
         "(HTTP status, timeout, ...).",
-        [target(f"sum by ({MR}, error_type) (rate({count}{{{CALL}}}[{RI}]))",
-                MR_LEGEND + " {{error_type}}")],
+        [target(rate_sum(CALLS, CALL, f"{MR}, error_type"), MR_LEGEND + " {{error_type}}")],
         "reqps", stack=True), w=24)
 
     lay.row("Diagnosis: cold starts, unaccounted wait, buffering, bottlenecks")
@@ -356,7 +400,7 @@ def calls_dashboard() -> dict[str, Any]:
         "against the runtime-reported time per output token (gen_ai.server.time_per_output_token). Equal when "
         "tokens stream one by one; a client interval several times larger means tokens arrive in bursts "
         "(a buffering proxy; per call: llm.diagnosis.stream_buffered).",
-        [target(mean("gen_ai_client_operation_time_per_output_chunk_seconds", CALL, MR), "client " + MR_LEGEND,
+        [target(mean(PER_CHUNK, CALL, MR), "client " + MR_LEGEND,
                 exemplar=True),
          target(mean("gen_ai_server_time_per_output_token_seconds", CALL, MR), "runtime " + MR_LEGEND, "B",
                 exemplar=True)],
@@ -365,7 +409,7 @@ def calls_dashboard() -> dict[str, Any]:
         "Tokens per client chunk (burstiness)",
         "Client chunk interval / runtime token interval: about 1 when tokens stream one by one, above 1.5 when "
         "they are held back and delivered in bursts.",
-        [target(f"({mean('gen_ai_client_operation_time_per_output_chunk_seconds', CALL, MR)}) / "
+        [target(f"({mean(PER_CHUNK, CALL, MR)}) / "
                 f"({mean('gen_ai_server_time_per_output_token_seconds', CALL, MR)})", MR_LEGEND)],
         "none"))
 
@@ -399,13 +443,12 @@ PROC_LEGEND = "{{llm_runtime_name}} {{process_executable_name}} {{process_pid}}"
 
 
 def host_dashboard() -> dict[str, Any]:
-    count = "gen_ai_client_operation_duration_seconds_count"
     variables = [
         datasource_variable(),
         query_variable("service", "Service", "label_values(system_cpu_utilization, service_name)", multi=False),
         query_variable("runtime", "Runtime", 'label_values(process_cpu_utilization{service_name=~"$service"}, '
                                              "llm_runtime_name)"),
-        query_variable("model", "Model", f'label_values({count}{{service_name=~"$service"}}, gen_ai_request_model)'),
+        query_variable("model", "Model", f"label_values({series(CALLS, SERVICE)}, gen_ai_request_model)"),
         traces_variable(), jaeger_variable(),
     ]
     call = 'service_name=~"$service", gen_ai_request_model=~"$model"'
@@ -414,9 +457,9 @@ def host_dashboard() -> dict[str, Any]:
     lay.add(timeseries(
         "Model call duration and time to first token (p95)",
         "To read against CPU, memory, paging and GPU below: a latency rise with a saturated resource points at it.",
-        [target(quantile(0.95, "gen_ai_client_operation_duration_seconds", call, ""), "call duration p95",
+        [target(quantile(0.95, DURATION, call, ""), "call duration p95",
                 exemplar=True),
-         target(quantile(0.95, "gen_ai_client_operation_time_to_first_chunk_seconds", call, ""),
+         target(quantile(0.95, FIRST_CHUNK, call, ""),
                 "time to first token p95", "B", exemplar=True)],
         "s", links=[CALL_TRACES]))
     lay.add(timeseries(
@@ -562,8 +605,7 @@ def gateway_dashboard() -> dict[str, Any]:
     variables = [
         datasource_variable(),
         query_variable("service", "Gateway service", "label_values(llm_gateway_requests_total, service_name)"),
-        query_variable("model", "Model", 'label_values(gen_ai_client_operation_duration_seconds_count'
-                                         '{service_name=~"$service"}, gen_ai_request_model)'),
+        query_variable("model", "Model", f"label_values({series(CALLS, SERVICE)}, gen_ai_request_model)"),
         traces_variable(), jaeger_variable(),
     ]
     lay = Layout()
@@ -617,9 +659,9 @@ def gateway_dashboard() -> dict[str, Any]:
         "Upstream time to first token and duration (p95) by model",
         "The gateway's calls to the runtime: gen_ai.client.operation.time_to_first_chunk and "
         "gen_ai.client.operation.duration, p95.",
-        [target(quantile(0.95, "gen_ai_client_operation_time_to_first_chunk_seconds", up, "gen_ai_request_model"),
+        [target(quantile(0.95, FIRST_CHUNK, up, "gen_ai_request_model"),
                 "TTFT p95 {{gen_ai_request_model}}", exemplar=True),
-         target(quantile(0.95, "gen_ai_client_operation_duration_seconds", up, "gen_ai_request_model"),
+         target(quantile(0.95, DURATION, up, "gen_ai_request_model"),
                 "duration p95 {{gen_ai_request_model}}", "B", exemplar=True)],
         "s", links=[GATEWAY_TRACES]))
     lay.add(timeseries(

@@ -71,13 +71,13 @@ def instrument(**kwargs: Any) -> bool:
             return False
         from otel_llm._log import logger
         from otel_llm.capture import install
-        from otel_llm.config import resolve
+        from otel_llm.config import genai_semconv, resolve
         from otel_llm.export.providers import build_providers
         from otel_llm.telemetry.calls import CallSettings, Telemetry
 
         options = resolve(kwargs)
         providers = build_providers(options)
-        settings = CallSettings(options.capture_content, options.runtimes, options.llm_routes)
+        settings = CallSettings(options.capture_content, options.runtimes, options.llm_routes, genai_semconv())
         observers = _start_observers(options, providers.meter_provider)
         _telemetry = Telemetry(providers.tracer_provider, providers.meter_provider, settings, observers)
         _session = _Session(providers, observers)

@@ -40,6 +40,12 @@ ENV_VARS: dict[str, str] = {
     "poll_runtimes": "OTEL_LLM_POLL_RUNTIMES",
     "sample_interval": "OTEL_LLM_SAMPLE_INTERVAL",
 }
+# OpenTelemetry's switch from one version of a domain's semantic conventions to the next: a
+# comma-separated list, each domain reading its own values (``http``, ``database``... are others').
+ENV_SEMCONV_OPT_IN = "OTEL_SEMCONV_STABILITY_OPT_IN"
+GENAI_DEFAULT = "default"  # today's gen_ai.client.operation.* and gen_ai.client.token.usage
+GENAI_LATEST = "gen_ai_latest_experimental"  # semantic-conventions-genai's gen_ai.client.inference.* instead
+GENAI_DUP = "gen_ai_latest_experimental/dup"  # both
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
@@ -174,3 +180,24 @@ def _apply(options: Options, raw: Mapping[str, Any]) -> None:
             setattr(options, name, value)
         else:
             setattr(options, name, str(value).strip() or getattr(options, name))
+
+
+def genai_semconv(environ: Mapping[str, str] | None = None) -> str:
+    """Which names the model-call metrics get, from ``OTEL_SEMCONV_STABILITY_OPT_IN``: one of
+    GENAI_DEFAULT, GENAI_LATEST or GENAI_DUP (both values given: GENAI_DUP). Read once, when
+    ``instrument()`` builds the instruments; an unknown ``gen_ai`` value is logged and ignored."""
+    env = os.environ if environ is None else environ
+    value = env.get(ENV_SEMCONV_OPT_IN, "")
+    mode = GENAI_DEFAULT
+    bad = False
+    for item in value.split(","):
+        token = item.strip()
+        if token == GENAI_DUP:
+            mode = GENAI_DUP
+        elif token == GENAI_LATEST:
+            mode = GENAI_DUP if mode == GENAI_DUP else GENAI_LATEST
+        elif token.lower().startswith("gen_ai"):
+            bad = True
+    if bad:
+        _warn(ENV_SEMCONV_OPT_IN, value, f"its gen_ai value is neither {GENAI_LATEST} nor {GENAI_DUP}")
+    return mode

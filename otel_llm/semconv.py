@@ -26,6 +26,9 @@ GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
 GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS = "gen_ai.usage.cache_read.input_tokens"
 GEN_AI_USAGE_REASONING_OUTPUT_TOKENS = "gen_ai.usage.reasoning.output_tokens"
 GEN_AI_TOKEN_TYPE = "gen_ai.token.type"
+# the inference usage counters' attribute (semantic-conventions-genai, docs/gen-ai/gen-ai-token-metrics.md):
+# otel_llm reads no per-modality breakdown, so it records "unknown", as that document prescribes
+GEN_AI_TOKEN_MODALITY = "gen_ai.token.modality"
 GEN_AI_INPUT_MESSAGES = "gen_ai.input.messages"
 GEN_AI_OUTPUT_MESSAGES = "gen_ai.output.messages"
 GEN_AI_SYSTEM_INSTRUCTIONS = "gen_ai.system_instructions"
@@ -188,6 +191,22 @@ METRIC_RUNTIME_GENERATION_RATE = "llm.runtime.generation.rate"
 METRIC_ACTIVE_REQUESTS = "llm.client.active_requests"
 METRIC_DIAGNOSIS_CALLS = "llm.diagnosis.calls"  # by bottleneck, cold_start, stream_buffered
 METRIC_DIAGNOSIS_UNACCOUNTED_WAIT = LLM_DIAGNOSIS_UNACCOUNTED_WAIT
+# The client metrics as renamed by the GenAI conventions' own repository,
+# open-telemetry/semantic-conventions-genai (status Development), emitted instead of (or beside)
+# the four above when OTEL_SEMCONV_STABILITY_OPT_IN asks for them (otel_llm.config.genai_semconv).
+# docs/gen-ai/client-inference.md: the same histograms (seconds, DURATION_BUCKETS) renamed
+METRIC_INFERENCE_DURATION = "gen_ai.client.inference.duration"
+METRIC_INFERENCE_TIME_TO_FIRST_CHUNK = "gen_ai.client.inference.time_to_first_chunk"
+METRIC_INFERENCE_TIME_PER_OUTPUT_CHUNK = "gen_ai.client.inference.time_per_output_chunk"
+# docs/gen-ai/gen-ai-token-metrics.md: gen_ai.client.token.usage replaced by counters (with
+# gen_ai.token.modality) and per-operation histograms (TOKEN_BUCKETS, successful calls only).
+# Its cache_write counter is not emitted: otel_llm keeps no cache-write count on the span.
+METRIC_INFERENCE_USAGE_INPUT_TOKENS = "gen_ai.client.inference.usage.input_tokens"
+METRIC_INFERENCE_USAGE_OUTPUT_TOKENS = "gen_ai.client.inference.usage.output_tokens"
+METRIC_INFERENCE_USAGE_CACHE_READ_INPUT_TOKENS = "gen_ai.client.inference.usage.cache_read.input_tokens"
+METRIC_INFERENCE_USAGE_REASONING_OUTPUT_TOKENS = "gen_ai.client.inference.usage.reasoning.output_tokens"
+METRIC_INFERENCE_OPERATION_INPUT_TOKENS = "gen_ai.client.inference.operation.input_tokens"
+METRIC_INFERENCE_OPERATION_OUTPUT_TOKENS = "gen_ai.client.inference.operation.output_tokens"
 
 DURATION_BUCKETS = (
     0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,

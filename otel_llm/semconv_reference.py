@@ -94,6 +94,9 @@ _GATEWAY = "On the gateway's SERVER span (`otel-llm gateway`)"
 _CONTENT = ("Only with content capture on (`capture_content`, `OTEL_LLM_CAPTURE_CONTENT` or "
             "`OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`)")
 _VLLM = "Read, not written: on vLLM's own `llm_request` SERVER span, which `otel-llm view` shows beside the call"
+_OPT_IN = ("Only with `OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental` (instead of the "
+           "`gen_ai.client.operation.*` and `gen_ai.client.token.usage` names) or `gen_ai_latest_experimental/dup` "
+           "(beside them)")
 
 ENTRIES: tuple[Name, ...] = (
     # --- spans -------------------------------------------------------------------------------------
@@ -175,6 +178,9 @@ ENTRIES: tuple[Name, ...] = (
           "reports reasoning tokens."),
     _attr("GEN_AI_TOKEN_TYPE", "string", "", "development", "On `gen_ai.client.token.usage`: `input` or "
           "`output`."),
+    _attr("GEN_AI_TOKEN_MODALITY", "string", "", "development", "On the `gen_ai.client.inference.usage.*` "
+          "counters (`OTEL_SEMCONV_STABILITY_OPT_IN`, see Options): always `unknown`, the responses giving no "
+          "breakdown by modality."),
     _attr("GEN_AI_INPUT_MESSAGES", "string", "", "development", f"{_CALL}, as JSON (at most 64 KiB). {_CONTENT}."),
     _attr("GEN_AI_OUTPUT_MESSAGES", "string", "", "development", f"{_CALL}, as JSON (at most 64 KiB). "
           f"{_CONTENT}."),
@@ -415,6 +421,26 @@ ENTRIES: tuple[Name, ...] = (
             "`llm.client.time_to_first_token`, with exemplars."),
     _metric("METRIC_TIME_PER_OUTPUT_CHUNK", "histogram", "s", "development", "Streamed calls with two chunks or "
             "more: the mean time between output chunks after the first."),
+    # semantic-conventions-genai's names, with OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental[/dup]
+    _metric("METRIC_INFERENCE_DURATION", "histogram", "s", "development", f"{_OPT_IN}: the value of "
+            "`gen_ai.client.operation.duration`, renamed (semantic-conventions-genai `client-inference.md`)."),
+    _metric("METRIC_INFERENCE_TIME_TO_FIRST_CHUNK", "histogram", "s", "development", f"{_OPT_IN}: the value of "
+            "`gen_ai.client.operation.time_to_first_chunk`, renamed."),
+    _metric("METRIC_INFERENCE_TIME_PER_OUTPUT_CHUNK", "histogram", "s", "development", f"{_OPT_IN}: the value of "
+            "`gen_ai.client.operation.time_per_output_chunk`, renamed."),
+    _metric("METRIC_INFERENCE_USAGE_INPUT_TOKENS", "counter", "{token}", "development", f"{_OPT_IN}: input tokens "
+            "of every call whose response reports its usage, with `gen_ai.token.modality` "
+            "(semantic-conventions-genai `gen-ai-token-metrics.md`)."),
+    _metric("METRIC_INFERENCE_USAGE_OUTPUT_TOKENS", "counter", "{token}", "development", f"{_OPT_IN}: output "
+            "tokens, as the input counter."),
+    _metric("METRIC_INFERENCE_USAGE_CACHE_READ_INPUT_TOKENS", "counter", "{token}", "development", f"{_OPT_IN}: "
+            "`gen_ai.usage.cache_read.input_tokens` of the calls that have it."),
+    _metric("METRIC_INFERENCE_USAGE_REASONING_OUTPUT_TOKENS", "counter", "{token}", "development", f"{_OPT_IN}: "
+            "`gen_ai.usage.reasoning.output_tokens` of the calls that have it."),
+    _metric("METRIC_INFERENCE_OPERATION_INPUT_TOKENS", "histogram", "{token}", "development", f"{_OPT_IN}: input "
+            "tokens per successful call (no `gen_ai.token.modality`), for percentiles."),
+    _metric("METRIC_INFERENCE_OPERATION_OUTPUT_TOKENS", "histogram", "{token}", "development", f"{_OPT_IN}: "
+            "output tokens per successful call, for percentiles."),
     _metric("METRIC_PHASE_DURATION", "histogram", "s", "otel_llm", "Every phase span of a call (`llm.phase`)."),
     _metric("METRIC_SERVER_TIME_TO_FIRST_TOKEN", "histogram", "s", "development", "When the runtime reports what "
             "it needs: its time to first token (queue, load and prefill)."),

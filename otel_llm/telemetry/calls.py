@@ -16,9 +16,10 @@ from opentelemetry.trace import TracerProvider
 from otel_llm import semconv as sc
 from otel_llm._log import log_once
 from otel_llm._types import Attributes
+from otel_llm.config import GENAI_DEFAULT
 from otel_llm.telemetry import attributes as attr_build
 from otel_llm.telemetry import diagnosis
-from otel_llm.telemetry.metrics import CallMetrics
+from otel_llm.telemetry.metrics import call_metrics
 from otel_llm.telemetry.phases import Phase, compute_phases
 from otel_llm.telemetry.propagation import inject_context
 from otel_llm.telemetry.spans import CallSpan, make_sink
@@ -69,6 +70,7 @@ class CallSettings:
     capture_content: bool = False
     runtimes: Mapping[str, str] = field(default_factory=dict)
     llm_routes: Sequence[str] = ()
+    genai_semconv: str = GENAI_DEFAULT  # OTEL_SEMCONV_STABILITY_OPT_IN's choice (otel_llm.config.genai_semconv)
 
 
 class Telemetry:
@@ -79,7 +81,7 @@ class Telemetry:
                  observers: Observers | None = None) -> None:
         self.tracer = tracer_provider.get_tracer(sc.INSTRUMENTATION_NAME, __version__)
         self.in_flight = InFlight()
-        self.metrics = CallMetrics(meter_provider, self.in_flight)
+        self.metrics = call_metrics(meter_provider, self.in_flight, settings.genai_semconv)
         self.settings = settings
         self._runtimes = sorted(
             ((base.rstrip("/"), name) for base, name in settings.runtimes.items()),

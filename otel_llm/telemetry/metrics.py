@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -13,6 +13,7 @@ from opentelemetry.metrics import MeterProvider, Observation
 
 from otel_llm import semconv as sc
 from otel_llm._types import Attributes
+from otel_llm.config import GENAI_DEFAULT, GENAI_DUP, GENAI_LATEST
 from otel_llm.telemetry.inflight import InFlight
 from otel_llm.version import __version__
 
@@ -46,6 +47,9 @@ _NO_CONTEXT = Context({"otel_llm.no_span": True})
 # as the SDK does past its own cardinality limit.
 _TALLY_LIMIT = 2000
 _OVERFLOW = ((sc.OTEL_METRIC_OVERFLOW, True),)
+_DURATION_HELP = "GenAI operation duration."
+_FIRST_CHUNK_HELP = "Time to receive the first chunk carrying generated output."
+_PER_CHUNK_HELP = "Mean time between output chunks after the first, per call."
 
 
 class _Tally:
@@ -85,6 +89,14 @@ class _Shared:
 _SHARED: weakref.WeakKeyDictionary[Any, _Shared] = weakref.WeakKeyDictionary()
 
 
+def call_metrics(meter_provider: MeterProvider, in_flight: InFlight, semconv: str = GENAI_DEFAULT) -> CallMetrics:
+    """The instruments of model calls, under the names ``semconv`` (otel_llm.config.genai_semconv)
+    chooses: the default mode's records are CallMetrics' own, unchanged."""
+    if semconv in (GENAI_LATEST, GENAI_DUP):
+        return InferenceCallMetrics(meter_provider, in_flight, dup=semconv == GENAI_DUP)
+    return CallMetrics(meter_provider, in_flight)
+
+
 class CallMetrics:
     """The histograms one call records into."""
 
@@ -96,14 +108,7 @@ class CallMetrics:
             return meter.create_histogram(name, unit=unit, description=description,
                                           explicit_bucket_boundaries_advisory=list(buckets))
 
-        self.duration = histogram(sc.METRIC_OPERATION_DURATION, "s", "GenAI operation duration.",
-                                  sc.DURATION_BUCKETS)
-        self.tokens = histogram(sc.METRIC_TOKEN_USAGE, "{token}", "Number of input and output tokens used.",
-                                sc.TOKEN_BUCKETS)
-        self.first_chunk = histogram(sc.METRIC_TIME_TO_FIRST_CHUNK, "s",
-                                     "Time to receive the first chunk carrying generated output.", sc.DURATION_BUCKETS)
-        self.per_chunk = histogram(sc.METRIC_TIME_PER_OUTPUT_CHUNK, "s",
-                                   "Mean time between output chunks after the first, per call.", sc.DURATION_BUCKETS)
+        self._client_instruments(meter, histogram)
         self.phase = histogram(sc.METRIC_PHASE_DURATION, "s",
                                "Duration of each phase of a model call (llm.phase = the phase span's name).",
                                sc.PHASE_BUCKETS)
@@ -144,6 +149,14 @@ class CallMetrics:
             sc.METRIC_DIAGNOSIS_CALLS, callbacks=[lambda options: shared.diagnosed.observe()], unit="{call}",
             description="Model calls by diagnosis: bottleneck, cold start, buffered stream.",
         )
+
+    def _client_instruments(self, meter: Any, histogram: Callable[[str, str, str, tuple[float, ...]], Any]) -> None:
+        """gen_ai.client.operation.* and gen_ai.client.token.usage (semantic conventions v1.41)."""
+        self.duration = histogram(sc.METRIC_OPERATION_DURATION, "s", _DURATION_HELP, sc.DURATION_BUCKETS)
+        self.tokens = histogram(sc.METRIC_TOKEN_USAGE, "{token}", "Number of input and output tokens used.",
+                                sc.TOKEN_BUCKETS)
+        self.first_chunk = histogram(sc.METRIC_TIME_TO_FIRST_CHUNK, "s", _FIRST_CHUNK_HELP, sc.DURATION_BUCKETS)
+        self.per_chunk = histogram(sc.METRIC_TIME_PER_OUTPUT_CHUNK, "s", _PER_CHUNK_HELP, sc.DURATION_BUCKETS)
 
     def _record_diagnosis(self, span_attrs: Attributes, sets: _AttributeSets) -> None:
         """Count the call under its per-call verdicts, so dashboards can chart them exactly."""
@@ -225,16 +238,105 @@ class CallMetrics:
             self._record_runtime(sets.runtime, counters)
 
 
+class InferenceCallMetrics(CallMetrics):
+    """CallMetrics under the names of open-telemetry/semantic-conventions-genai
+    (``OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental``), or under both those and the
+    default ones (``dup``). The durations are the same histograms renamed (client-inference.md);
+    token usage is counters by ``gen_ai.token.modality`` plus per-operation histograms recorded
+    for successful calls only (gen-ai-token-metrics.md)."""
+
+    def __init__(self, meter_provider: MeterProvider, in_flight: InFlight, dup: bool = False) -> None:
+        self._dup = dup
+        super().__init__(meter_provider, in_flight)
+
+    def _client_instruments(self, meter: Any, histogram: Callable[[str, str, str, tuple[float, ...]], Any]) -> None:
+        duration = histogram(sc.METRIC_INFERENCE_DURATION, "s", "GenAI client inference operation duration.",
+                             sc.DURATION_BUCKETS)
+        first_chunk = histogram(sc.METRIC_INFERENCE_TIME_TO_FIRST_CHUNK, "s", _FIRST_CHUNK_HELP, sc.DURATION_BUCKETS)
+        per_chunk = histogram(sc.METRIC_INFERENCE_TIME_PER_OUTPUT_CHUNK, "s", _PER_CHUNK_HELP, sc.DURATION_BUCKETS)
+
+        def counter(name: str, description: str) -> Any:
+            return meter.create_counter(name, unit="{token}", description=description)
+
+        operation_input = histogram(sc.METRIC_INFERENCE_OPERATION_INPUT_TOKENS, "{token}",
+                                    "The number of input (prompt) tokens used per inference operation.",
+                                    sc.TOKEN_BUCKETS)
+        operation_output = histogram(sc.METRIC_INFERENCE_OPERATION_OUTPUT_TOKENS, "{token}",
+                                     "The number of output (completion) tokens used per inference operation.",
+                                     sc.TOKEN_BUCKETS)
+        # (span attribute, usage counter, per-operation histogram or None)
+        self._usage = (
+            (sc.GEN_AI_USAGE_INPUT_TOKENS,
+             counter(sc.METRIC_INFERENCE_USAGE_INPUT_TOKENS,
+                     "The number of input (prompt) tokens used, including cached tokens."), operation_input),
+            (sc.GEN_AI_USAGE_OUTPUT_TOKENS,
+             counter(sc.METRIC_INFERENCE_USAGE_OUTPUT_TOKENS,
+                     "The number of output (completion) tokens used, including reasoning tokens."), operation_output),
+            (sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS,
+             counter(sc.METRIC_INFERENCE_USAGE_CACHE_READ_INPUT_TOKENS,
+                     "The number of input tokens served from a provider-managed cache."), None),
+            (sc.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS,
+             counter(sc.METRIC_INFERENCE_USAGE_REASONING_OUTPUT_TOKENS,
+                     "The number of output tokens used for reasoning."), None),
+        )
+        if self._dup:
+            super()._client_instruments(meter, histogram)
+            self.duration = _Both(self.duration, duration)
+            self.first_chunk = _Both(self.first_chunk, first_chunk)
+            self.per_chunk = _Both(self.per_chunk, per_chunk)
+        else:
+            self.duration, self.first_chunk, self.per_chunk = duration, first_chunk, per_chunk
+            self.tokens = _NO_RECORD
+
+    def record(self, span_attrs: Attributes, duration: float, per_chunk: float | None, phases: list[Phase],
+               span_context: SpanContext | None = None, counters: RuntimeCounters | None = None) -> None:
+        super().record(span_attrs, duration, per_chunk, phases, span_context, counters)
+        sets = self._sets(span_attrs)
+        succeeded = sc.ERROR_TYPE not in sets.call
+        for key, counter, histogram in self._usage:
+            value = span_attrs.get(key)
+            if value.__class__ is int:
+                counter.add(value, sets.usage, _NO_CONTEXT)
+                if histogram is not None and succeeded:
+                    histogram.record(value, sets.call, _NO_CONTEXT)
+
+
+class _Both:
+    """One histogram under its default and its semantic-conventions-genai name (``/dup``)."""
+
+    __slots__ = ("_old", "_new")
+
+    def __init__(self, old: Any, new: Any) -> None:
+        self._old, self._new = old, new
+
+    def record(self, amount: float, attributes: Attributes | None = None, context: Context | None = None) -> None:
+        self._old.record(amount, attributes, context)
+        self._new.record(amount, attributes, context)
+
+
+class _NoRecord:
+    """gen_ai.client.token.usage where only the new names are emitted."""
+
+    def record(self, amount: float, attributes: Attributes | None = None, context: Context | None = None) -> None:
+        pass
+
+
+_NO_RECORD = _NoRecord()
+
+
 class _AttributeSets:
     """The attributes of each record of a call, for one set of metric attribute values. The SDK
     copies what it keeps, so the same dictionaries are handed over call after call."""
 
-    __slots__ = ("call", "input", "output", "phase", "phase_pairs", "by_phase", "runtime", "tallied")
+    __slots__ = ("call", "input", "output", "usage", "phase", "phase_pairs", "by_phase", "runtime", "tallied")
 
     def __init__(self, call: Attributes) -> None:
         self.call = call
         self.input = {**call, sc.GEN_AI_TOKEN_TYPE: "input"}
         self.output = {**call, sc.GEN_AI_TOKEN_TYPE: "output"}
+        # the inference usage counters (gen-ai-token-metrics.md): no error.type, and the modality
+        # "unknown", as the document says when the response gives no breakdown by modality
+        self.usage = {**{k: v for k, v in call.items() if k != sc.ERROR_TYPE}, sc.GEN_AI_TOKEN_MODALITY: "unknown"}
         self.phase = {k: call[k] for k in _PHASE_KEYS if k in call}
         self.phase_pairs = tuple(self.phase.items())
         self.by_phase: dict[str, Attributes] = {}

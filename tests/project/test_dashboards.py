@@ -7,7 +7,10 @@ llama.cpp (tokens held back and sent in bursts), the real llama.cpp server (one 
 shares 2 cores; its ``--metrics`` gives the runtime's running / waiting requests) and an
 ``otel-llm gateway`` in front of the llama.cpp simulator (one upstream slot, so requests queue;
 plus a refused key), each kind of call in its own loop. The gateway exports its own metrics on a
-second Prometheus endpoint. Prometheus scrapes both every second.
+second Prometheus endpoint. A second application (``dashboards-app-latest``, third endpoint) calls
+the llama.cpp simulator with ``OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental``: its
+model-call metrics carry only semantic-conventions-genai's names, which the call panels read too.
+Prometheus scrapes the three every second.
 
 This machine has no GPU: the queries of the GPU panels are the only ones allowed to be empty,
 and they are listed below (``GPU_QUERIES``); their metric names are checked against what the
@@ -288,8 +291,8 @@ import httpx, otel_llm
 
 cfg = json.loads(sys.argv[1])
 # the simulators play runtimes in processes /proc cannot name: poll every server called
-otel_llm.instrument(service_name="dashboards-app", console_summary=False, traces_file=os.devnull,
-                    sample_interval=0.5, poll_runtimes="all")
+otel_llm.instrument(service_name=cfg.get("service", "dashboards-app"), console_summary=False,
+                    traces_file=os.devnull, sample_interval=0.5, poll_runtimes="all")
 client = httpx.Client(timeout=60)
 MSG = [{"role": "user", "content": "Tell a short story."}]
 BURSTS = {"x-sim-buffering": "true", "x-sim-buffer-flush-frames": "4"}
@@ -344,12 +347,16 @@ def loop(work):
         time.sleep(0.1)
 
 
-threads = [threading.Thread(target=loop, args=(w,)) for w in (ollama, llamacpp_sim, gateway, llama_server)]
+work = [w for w in (ollama, llamacpp_sim, gateway, llama_server) if "work" not in cfg or w.__name__ in cfg["work"]]
+threads = [threading.Thread(target=loop, args=(w,)) for w in work]
 for t in threads:
     t.start()
 for t in threads:
     t.join()
 """
+
+
+LATEST_SERVICE = "dashboards-app-latest"  # the application on semantic-conventions-genai's names
 
 
 @dataclass
@@ -386,12 +393,13 @@ EXPECTED_EMPTY = KV_CACHE_QUERIES | (set() if _gpu_present() else GPU_QUERIES)
 @pytest.fixture(scope="module")
 def stack(prometheus_binary: str) -> Iterator[Stack]:
     tmp = Path(tempfile.mkdtemp(prefix="otel-llm-dashboards-"))
-    app_port, gateway_port = free_port(), free_port()
+    app_port, gateway_port, latest_port = free_port(), free_port(), free_port()
     stop = tmp / "stop"
     with contextlib.ExitStack() as exits:
         exits.callback(shutil.rmtree, tmp, True)
         prom = exits.enter_context(Prometheus(prometheus_binary, {
-            "otel-llm-app": f"{LOOPBACK}:{app_port}", "otel-llm-gateway": f"{LOOPBACK}:{gateway_port}"}))
+            "otel-llm-app": f"{LOOPBACK}:{app_port}", "otel-llm-gateway": f"{LOOPBACK}:{gateway_port}",
+            "otel-llm-app-latest": f"{LOOPBACK}:{latest_port}"}))
         ollama = exits.enter_context(SimProcess(runtime="ollama", model="llama3.2", cold_delay=0.4, tokens=8))
         llamacpp = exits.enter_context(SimProcess(runtime="llama.cpp", model="sim-gemma", tokens=8))
         llama = exits.enter_context(LlamaServer(slots=1, threads=1))
@@ -406,17 +414,25 @@ def stack(prometheus_binary: str) -> Iterator[Stack]:
         app_log = tmp / "app.log"
         env = clean_env(OTEL_METRICS_EXPORTER="prometheus", OTEL_EXPORTER_PROMETHEUS_HOST=LOOPBACK,
                         OTEL_EXPORTER_PROMETHEUS_PORT=str(app_port), PYTHONPATH=str(REPO))
+        latest_cfg = {**cfg, "service": LATEST_SERVICE, "work": ["llamacpp_sim"]}
+        latest_env = clean_env(OTEL_METRICS_EXPORTER="prometheus", OTEL_EXPORTER_PROMETHEUS_HOST=LOOPBACK,
+                               OTEL_EXPORTER_PROMETHEUS_PORT=str(latest_port), PYTHONPATH=str(REPO),
+                               OTEL_SEMCONV_STABILITY_OPT_IN="gen_ai_latest_experimental")
+        apps = []
         with open(app_log, "wb") as log:
-            app = subprocess.Popen([sys.executable, str(tmp / "app.py"), json.dumps(cfg)], cwd=tmp, env=env,
-                                   stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+            for app_cfg, app_env in ((cfg, env), (latest_cfg, latest_env)):
+                apps.append(subprocess.Popen([sys.executable, str(tmp / "app.py"), json.dumps(app_cfg)], cwd=tmp,
+                                             env=app_env, stdin=subprocess.DEVNULL, stdout=log,
+                                             stderr=subprocess.STDOUT))
 
         def stop_app() -> None:
             stop.touch()
-            try:
-                app.wait(30)
-            except subprocess.TimeoutExpired:
-                app.kill()
-                app.wait()
+            for app in apps:
+                try:
+                    app.wait(30)
+                except subprocess.TimeoutExpired:
+                    app.kill()
+                    app.wait()
 
         exits.callback(stop_app)
         prom.wait_ready()
@@ -443,7 +459,8 @@ def test_every_panel_query_returns_data(stack: Stack) -> None:
     as 10s, returns at least one finite sample from the real Prometheus; only the GPU panels'
     queries are empty, because this machine has no GPU, and the KV-cache panel, because no runtime
     of this stack reports one (tests/e2e/test_vllm.py checks it against a real vLLM)."""
-    assert stack.prometheus.up() == {"otel-llm-app": 1.0, "otel-llm-gateway": 1.0}, _context(stack)
+    assert stack.prometheus.up() == {"otel-llm-app": 1.0, "otel-llm-gateway": 1.0, "otel-llm-app-latest": 1.0}, \
+        _context(stack)
     assert len(stack.results) == len(queries()) > 40
     empty = {key for key, samples in stack.results.items() if not samples}
     not_finite = {key for key, samples in stack.results.items() if samples and not finite_values(samples)}
@@ -512,7 +529,8 @@ def test_a_call_through_the_gateway_counts_once(stack: Stack) -> None:
     calls = [q for q in queries() if q.file == "otel-llm-calls.json"]
     call_selector = re.search(r"\{(service_name=~\"\$service\", gen_ai_provider_name[^}]*)\}", calls[0].expr)
     assert call_selector, calls[0].expr
-    every = substitute(call_selector.group(1))
+    # every service that records these calls (the application on the new names calls elsewhere)
+    every = substitute(call_selector.group(1), {"service": "dashboards-app|otel-llm-gateway"})
     app = substitute(call_selector.group(1), {"service": "dashboards-app"})
     relayed = 'service_name="otel-llm-gateway", llm_gateway_relayed=~"(?i)true"'
     for metric in ("gen_ai_client_operation_duration_seconds_count", "gen_ai_client_token_usage_sum",
@@ -526,3 +544,22 @@ def test_a_call_through_the_gateway_counts_once(stack: Stack) -> None:
         assert difference and float(difference[0]["value"][1]) == 0, (metric, difference)
     in_flight = stack.prometheus.query(f'count(llm_client_active_requests{{{relayed}}})')
     assert in_flight and float(in_flight[0]["value"][1]) > 0, "the gateway's in-flight gauge is not marked"
+
+
+@pytest.mark.runtime
+@pytest.mark.backend
+def test_the_call_panels_chart_a_service_on_the_new_names(stack: Stack) -> None:
+    """The application run with OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental exports no
+    gen_ai.client.operation.* or gen_ai.client.token.usage series, and each query of the calls
+    dashboard that reads the model-call metrics, narrowed to that service, still returns data."""
+    old = stack.prometheus.query(f'count({{__name__=~"gen_ai_client_(operation|token)_.+", '
+                                 f'service_name="{LATEST_SERVICE}"}})')
+    assert not old, old
+    new = stack.prometheus.query(f'count(gen_ai_client_inference_duration_seconds_count{{service_name="{LATEST_SERVICE}"}})')
+    assert new, _context(stack)
+    calls = [q for q in queries() if q.file == "otel-llm-calls.json"
+             and any(name.startswith("gen_ai_client_") for name in metric_names(q.expr))]
+    assert len(calls) >= 10
+    results = {q.key: stack.prometheus.query(substitute(q.expr, {"service": LATEST_SERVICE})) for q in calls}
+    empty = sorted(key for key, samples in results.items() if not finite_values(samples))
+    assert not empty, empty

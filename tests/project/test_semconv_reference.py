@@ -114,8 +114,9 @@ class _NoInstrument:
 
 
 def test_every_metric_has_the_instrument_and_unit_the_code_creates() -> None:
-    """Each part that creates instruments, built against a recording meter: the call metrics, the
-    host, GPU and runtime-state observers, the restart and OOM watches, and the gateway."""
+    """Each part that creates instruments, built against a recording meter: the call metrics (in
+    the OTEL_SEMCONV_STABILITY_OPT_IN mode that creates both name sets), the host, GPU and
+    runtime-state observers, the restart and OOM watches, and the gateway."""
     from opentelemetry.trace import NoOpTracerProvider
 
     from otel_llm.observers.gpu import GpuObserver
@@ -126,12 +127,13 @@ def test_every_metric_has_the_instrument_and_unit_the_code_creates() -> None:
     from otel_llm.observers.restarts import RestartWatch
     from otel_llm.observers.runtime_state import RuntimeStateObserver
     from otel_llm.telemetry.inflight import InFlight
-    from otel_llm.telemetry.metrics import CallMetrics
+    from otel_llm.config import GENAI_DUP
+    from otel_llm.telemetry.metrics import call_metrics
     from otel_llm.tools.gateway.telemetry import GatewayTelemetry
 
     meter: Any = _Recorder()
     registry = ServerRegistry()
-    CallMetrics(meter, InFlight())
+    call_metrics(meter, InFlight(), GENAI_DUP)  # both the default and the semantic-conventions-genai names
     HostObserver(meter, RuntimeProcesses(registry))
     GpuObserver(None, [], pids=lambda: [])._register(meter)  # what create() registers once NVML answers
     RuntimeStateObserver(meter, registry)

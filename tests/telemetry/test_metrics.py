@@ -294,3 +294,118 @@ def test_many_distinct_attribute_sets_are_all_recorded(meter: Reader) -> None:
     assert len(points) == 301
     assert points[key(METRIC_ATTRS)].sum == 3.0
     assert points[key({**METRIC_ATTRS, sc.GEN_AI_REQUEST_MODEL: "m299"})].count == 1
+
+
+# --- OTEL_SEMCONV_STABILITY_OPT_IN: semantic-conventions-genai's names -------------------------------
+
+# What one streamed call to the simulator exports whatever the mode, beside the client metrics.
+ALWAYS = {sc.METRIC_PHASE_DURATION, sc.METRIC_DIAGNOSIS_CALLS, sc.METRIC_ACTIVE_REQUESTS}
+DEFAULT_NAMES = {sc.METRIC_OPERATION_DURATION, sc.METRIC_TIME_TO_FIRST_CHUNK, sc.METRIC_TIME_PER_OUTPUT_CHUNK,
+                 sc.METRIC_TOKEN_USAGE}
+LATEST_NAMES = {sc.METRIC_INFERENCE_DURATION, sc.METRIC_INFERENCE_TIME_TO_FIRST_CHUNK,
+                sc.METRIC_INFERENCE_TIME_PER_OUTPUT_CHUNK, sc.METRIC_INFERENCE_USAGE_INPUT_TOKENS,
+                sc.METRIC_INFERENCE_USAGE_OUTPUT_TOKENS, sc.METRIC_INFERENCE_OPERATION_INPUT_TOKENS,
+                sc.METRIC_INFERENCE_OPERATION_OUTPUT_TOKENS}
+
+
+def _streamed_call(sim: Any, monkeypatch: pytest.MonkeyPatch, opt_in: str | None) -> dict[str, list[Any]]:
+    """One streamed chat call to the simulator, instrumented with OTEL_SEMCONV_STABILITY_OPT_IN set
+    to ``opt_in`` (None: unset); the data points exported, by metric name."""
+    import httpx
+
+    import otel_llm
+    from otel_llm._log import reset_log_once
+    from otel_llm.config import ENV_SEMCONV_OPT_IN
+    from tests.conftest import configure_sim, make_otel
+
+    if opt_in is None:
+        monkeypatch.delenv(ENV_SEMCONV_OPT_IN, raising=False)
+    else:
+        monkeypatch.setenv(ENV_SEMCONV_OPT_IN, opt_in)
+    reset_log_once()
+    configure_sim(sim, tokens=4, first_token_delay=0.0, token_interval=0.0)
+    state = make_otel()
+    otel_llm.instrument(tracer_provider=state.tracer_provider, meter_provider=state.meter_provider,
+                        host_metrics=False, gpu_metrics=False, runtime_metrics=False)
+    try:
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+                "stream_options": {"include_usage": True}}
+        with httpx.Client() as client:
+            with client.stream("POST", f"{sim.base_url}/v1/chat/completions", json=body) as response:
+                response.read()
+    finally:
+        otel_llm.uninstrument()
+    return state.metrics()
+
+
+def test_without_the_opt_in_the_call_metrics_keep_their_names(sim: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert set(_streamed_call(sim, monkeypatch, None)) == ALWAYS | DEFAULT_NAMES
+
+
+def test_gen_ai_latest_experimental_gives_the_inference_names_only(sim: Any,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    metrics = _streamed_call(sim, monkeypatch, "http,gen_ai_latest_experimental")
+    assert set(metrics) == ALWAYS | LATEST_NAMES
+    (usage,) = metrics[sc.METRIC_INFERENCE_USAGE_OUTPUT_TOKENS]
+    assert usage.value == 4 and usage.attributes[sc.GEN_AI_TOKEN_MODALITY] == "unknown"
+    (operation,) = metrics[sc.METRIC_INFERENCE_OPERATION_OUTPUT_TOKENS]
+    assert operation.sum == 4 and sc.GEN_AI_TOKEN_MODALITY not in operation.attributes
+    (duration,) = metrics[sc.METRIC_INFERENCE_DURATION]
+    assert list(duration.explicit_bounds) == list(sc.DURATION_BUCKETS)
+    assert list(operation.explicit_bounds) == list(sc.TOKEN_BUCKETS)
+
+
+def test_gen_ai_latest_experimental_dup_gives_both(sim: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    metrics = _streamed_call(sim, monkeypatch, "gen_ai_latest_experimental/dup")
+    assert set(metrics) == ALWAYS | DEFAULT_NAMES | LATEST_NAMES
+    (old,) = metrics[sc.METRIC_OPERATION_DURATION]
+    (new,) = metrics[sc.METRIC_INFERENCE_DURATION]
+    assert (old.sum, dict(old.attributes)) == (new.sum, dict(new.attributes))  # one value, two names
+
+
+def test_a_bad_gen_ai_value_changes_nothing_and_is_logged_once(sim: Any, monkeypatch: pytest.MonkeyPatch,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="otel_llm"):
+        metrics = _streamed_call(sim, monkeypatch, "gen_ai_latest")
+    assert set(metrics) == ALWAYS | DEFAULT_NAMES
+    complaints = [r for r in caplog.records if "OTEL_SEMCONV_STABILITY_OPT_IN" in r.getMessage()]
+    assert len(complaints) == 1, [r.getMessage() for r in caplog.records]
+
+
+@pytest.mark.parametrize("value, mode", [
+    (None, "default"), ("", "default"), ("http", "default"), ("gen_ai_latest_experimental", "latest"),
+    (" database , gen_ai_latest_experimental ", "latest"), ("gen_ai_latest_experimental/dup", "dup"),
+    ("gen_ai_latest_experimental,gen_ai_latest_experimental/dup", "dup"),
+    ("gen_ai_latest_experimental/dup,gen_ai_latest_experimental", "dup"), ("GEN_AI_LATEST_EXPERIMENTAL", "default"),
+])
+def test_the_opt_in_is_read_as_opentelemetry_reads_it(value: str | None, mode: str) -> None:
+    from otel_llm import config
+
+    modes = {"default": config.GENAI_DEFAULT, "latest": config.GENAI_LATEST, "dup": config.GENAI_DUP}
+    environ = {} if value is None else {config.ENV_SEMCONV_OPT_IN: value}
+    assert config.genai_semconv(environ) == modes[mode]
+
+
+def test_the_inference_usage_counters_and_histograms(meter: Reader) -> None:
+    """Counters for every call with usage (cache-read and reasoning subsets too), by modality and
+    without error.type; the per-operation histograms for successful calls only."""
+    from otel_llm.config import GENAI_LATEST
+    from otel_llm.telemetry.metrics import call_metrics
+
+    metrics = call_metrics(meter.provider, InFlight(), GENAI_LATEST)
+    metrics.record({**CALL, sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: 8, sc.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS: 3},
+                   1.0, None, [])
+    metrics.record({**CALL, sc.ERROR_TYPE: "timeout"}, 2.0, None, [])
+    usage = {**METRIC_ATTRS, sc.GEN_AI_TOKEN_MODALITY: "unknown"}
+    for name, total in ((sc.METRIC_INFERENCE_USAGE_INPUT_TOKENS, 24), (sc.METRIC_INFERENCE_USAGE_OUTPUT_TOKENS, 10),
+                        (sc.METRIC_INFERENCE_USAGE_CACHE_READ_INPUT_TOKENS, 8),
+                        (sc.METRIC_INFERENCE_USAGE_REASONING_OUTPUT_TOKENS, 3)):
+        assert meter.metrics()[name].unit == "{token}", name
+        assert {k: p.value for k, p in meter.by_attrs(name).items()} == {key(usage): total}, name
+    for name, value in ((sc.METRIC_INFERENCE_OPERATION_INPUT_TOKENS, 12),
+                        (sc.METRIC_INFERENCE_OPERATION_OUTPUT_TOKENS, 5)):
+        (point,) = meter.points(name)
+        assert (point.count, point.sum, dict(point.attributes)) == (1, value, METRIC_ATTRS), name
+    durations = meter.by_attrs(sc.METRIC_INFERENCE_DURATION)
+    assert durations[key({**METRIC_ATTRS, sc.ERROR_TYPE: "timeout"})].sum == 2.0
+    assert sc.METRIC_OPERATION_DURATION not in meter.metrics() and sc.METRIC_TOKEN_USAGE not in meter.metrics()
