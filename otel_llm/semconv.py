@@ -250,6 +250,10 @@ LLM_GATEWAY_RESPONSE_BYTES = "llm.gateway.response_bytes"
 # On the gateway's own model calls (span and metrics): the call relays a request the gateway
 # received, whose caller may have recorded the same call; fleet-wide sums leave these out.
 LLM_GATEWAY_RELAYED = "llm.gateway.relayed"
+# On the proxy's SERVER span (otel-llm proxy): the caller's side of the relay, from the request's arrival
+LLM_PROXY_TIME_TO_FIRST_BYTE = "llm.proxy.time_to_first_byte"
+LLM_PROXY_TIME_TO_FIRST_TOKEN = "llm.proxy.time_to_first_token"
+LLM_PROXY_WRITE_WAIT = "llm.proxy.write_wait"
 SPAN_GATEWAY_AUTH = "gateway.auth"
 SPAN_GATEWAY_QUEUE = "gateway.queue"
 METRIC_GATEWAY_REQUESTS = "llm.gateway.requests"

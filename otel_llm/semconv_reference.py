@@ -374,6 +374,14 @@ ENTRIES: tuple[Name, ...] = (
     _attr("LLM_GATEWAY_RELAYED", "boolean", "", "otel_llm", "On the gateway's own upstream call span and its "
           "metrics: `true`, the call relays a request whose caller may have recorded the same call (fleet-wide "
           "sums leave these out)."),
+    _attr("LLM_PROXY_TIME_TO_FIRST_BYTE", "double", "s", "otel_llm", "On the proxy's SERVER span (`otel-llm "
+          "proxy`): from the request's arrival until the response head was written to the caller."),
+    _attr("LLM_PROXY_TIME_TO_FIRST_TOKEN", "double", "s", "otel_llm", "On the proxy's SERVER span, for a stream "
+          "with a token: from the request's arrival until the chunk holding the first token was written to the "
+          "caller (the call span's `llm.client.time_to_first_token` is when it reached the proxy)."),
+    _attr("LLM_PROXY_WRITE_WAIT", "double", "s", "otel_llm", "On the proxy's SERVER span: time the relay spent "
+          "waiting to write the response to a caller that read it more slowly than it arrived (0 for a caller "
+          "that keeps up)."),
     # --- host, process and GPU metric attributes --------------------------------------------------------
     _attr("CPU_MODE", "string", "", "development", "On `system.cpu.utilization` and `process.cpu.utilization`: "
           "the CPU mode (`user`, `system`, `idle`...)."),

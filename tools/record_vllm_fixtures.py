@@ -9,6 +9,14 @@ Without ``--base-url`` it starts ``otel_llm_testing.vllm.VllmServer`` (the tiny 
 repository, so a new vLLM version is one command away from fresh fixtures. Output lengths are
 fixed (``ignore_eos``); the text is the tiny model's noise. ``error_stream.sse`` is not recorded
 (a mid-stream engine failure cannot be provoked on purpose) and stays hand-written.
+
+    python tools/record_vllm_fixtures.py --per-request-metrics [--base-url URL]
+
+records only the answers of a server started with ``--enable-per-request-metrics`` (its
+``metrics`` object): ``chat_metrics.json`` and ``chat_stream_metrics.sse``, both n=1 (vLLM gives
+none for n > 1), the stream with ``stream_options.include_usage`` (the object rides the usage
+chunk). Their requests also carry ``include_metrics: true``, which vLLM 0.32 does not define and
+ignores: the server's flag alone decides.
 """
 
 from __future__ import annotations
@@ -65,6 +73,27 @@ def record(base_url: str, model: str, responses: Path, metrics: Path) -> list[Pa
     return written
 
 
+def record_metrics(base_url: str, model: str, responses: Path) -> list[Path]:
+    """The ``--per-request-metrics`` answers (the server must run with the flag); the paths written."""
+    responses.mkdir(parents=True, exist_ok=True)
+    asked = {"include_metrics": True}  # not a vLLM 0.32 field: ignored, recorded to show it
+    with httpx.Client(base_url=base_url, timeout=120) as client:
+        client.post("/v1/chat/completions", json=_chat(model, 4)).raise_for_status()  # warms the prefix cache
+        files = {
+            "chat_metrics.json": client.post("/v1/chat/completions", json=_chat(model, 12, **asked)).content,
+            "chat_stream_metrics.sse": _stream(client, "/v1/chat/completions",
+                                               _chat(model, 8, stream_options={"include_usage": True}, **asked)),
+        }
+    if "metrics" not in json.loads(files["chat_metrics.json"]):
+        raise SystemExit("no `metrics` in the answer: is the server running with --enable-per-request-metrics?")
+    written = []
+    for name, body in files.items():
+        path = responses / name
+        path.write_bytes(body)
+        written.append(path)
+    return written
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base-url", help="a running vLLM (default: start the test one)")
@@ -72,15 +101,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "tests" / "fixtures" / "runtimes" / "vllm")
     parser.add_argument("--metrics-out", type=Path,
                         default=ROOT / "tests" / "fixtures" / "observers" / "vllm_real_metrics.txt")
+    parser.add_argument("--per-request-metrics", action="store_true",
+                        help="record only the answers of a server run with --enable-per-request-metrics")
     args = parser.parse_args(argv)
+
+    def recorded(base_url: str, model: str) -> list[Path]:
+        if args.per_request_metrics:
+            return record_metrics(base_url, model, args.out)
+        return record(base_url, model, args.out, args.metrics_out)
+
     if args.base_url:
-        written = record(args.base_url, args.model, args.out, args.metrics_out)
+        written = recorded(args.base_url, args.model)
     else:
         sys.path.insert(0, str(ROOT))
         from otel_llm_testing.vllm import VllmServer
 
-        with VllmServer(extra_args=["--enable-prompt-tokens-details"]) as server:
-            written = record(server.base_url, server.model_name, args.out, args.metrics_out)
+        extra = ["--enable-prompt-tokens-details"]
+        if args.per_request_metrics:
+            extra.append("--enable-per-request-metrics")
+        with VllmServer(extra_args=extra) as server:
+            written = recorded(server.base_url, server.model_name)
     for path in written:
         print(f"wrote {path} ({path.stat().st_size} bytes)")
     return 0

@@ -24,12 +24,13 @@ from otel_llm.parse.runtimes.lmstudio import NATIVE_LMSTUDIO_STATS
 from otel_llm.parse.runtimes.ollama import NATIVE_OLLAMA
 from otel_llm.parse.runtimes.sglang import NATIVE_SGLANG_META
 from otel_llm.parse.runtimes.tgi import NATIVE_TGI_DETAILS, NATIVE_TGI_HEADERS
+from otel_llm.parse.runtimes.vllm import NATIVE_VLLM_METRICS
 
 __all__ = [
     "MAX_BODY_BYTES", "MAX_ERROR_CHARS", "MAX_TEXT_CHARS", "NATIVE_LLAMACPP_TIMINGS",
     "NATIVE_LLAMACPP_TRUNCATED", "NATIVE_LMSTUDIO_STATS", "NATIVE_OLLAMA", "NATIVE_SGLANG_META",
-    "NATIVE_TGI_DETAILS", "NATIVE_TGI_HEADERS", "ResponseInfo", "parse_body", "parse_events",
-    "parse_sse_event",
+    "NATIVE_TGI_DETAILS", "NATIVE_TGI_HEADERS", "NATIVE_VLLM_METRICS", "ResponseInfo", "parse_body",
+    "parse_events", "parse_sse_event",
 ]
 
 MAX_BODY_BYTES = 8 * 1024 * 1024  # larger bodies/events are not parsed (headers still are)

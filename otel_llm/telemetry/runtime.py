@@ -60,6 +60,9 @@ def runtime_attributes(counters: RuntimeCounters, attrs: dict[str, Any]) -> None
     for key, value in zip(_KEYS, _VALUES(counters)):
         if value is not None:
             attrs[key] = value
+    drafted, accepted = counters.draft_tokens, counters.draft_tokens_accepted
+    if drafted and accepted is not None and 0 <= accepted <= drafted:
+        attrs[sc.LLM_RUNTIME_DRAFT_ACCEPTANCE_RATE] = accepted / drafted
     if counters.cached_tokens is not None and sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS not in attrs:
         attrs[sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = counters.cached_tokens
     if counters.finish_reasons:

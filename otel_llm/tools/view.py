@@ -263,6 +263,10 @@ def _measurements(attrs: Mapping[str, Any]) -> list[str]:
         parts.append(f"max gap {format_duration(gap)}")
     if attrs.get(sc.LLM_RUNTIME_NAME):
         parts.append(f"runtime {attrs[sc.LLM_RUNTIME_NAME]}")
+    acceptance = finite_number(attrs.get(sc.LLM_RUNTIME_DRAFT_ACCEPTANCE_RATE))
+    if acceptance is not None:
+        parts.append(f"draft accepted {acceptance:.0%} ({attrs.get(sc.LLM_RUNTIME_DRAFT_TOKENS_ACCEPTED)}/"
+                     f"{attrs.get(sc.LLM_RUNTIME_DRAFT_TOKENS)})")
     reused = attrs.get(sc.LLM_CLIENT_CONNECTION_REUSED)
     if isinstance(reused, bool):
         parts.append("conn reused" if reused else "new conn")

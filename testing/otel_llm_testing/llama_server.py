@@ -135,11 +135,12 @@ def free_port() -> int:
 
 class LlamaServer:
     """``llama-server`` on 127.0.0.1 with ``--metrics`` (``metrics=False``: without it, as
-    llama.cpp's README starts it); a context manager."""
+    llama.cpp's README starts it; ``draft=True``: speculative decoding, the model drafting for
+    itself, a valid if trivial pairing); a context manager."""
 
     def __init__(self, slots: int = 1, context: int = 4096, threads: int | None = None,
                  extra_args: list[str] | None = None, startup_timeout: float = 120.0,
-                 cache_dir: Path = DEFAULT_CACHE, port: int = 0, metrics: bool = True) -> None:
+                 cache_dir: Path = DEFAULT_CACHE, port: int = 0, metrics: bool = True, draft: bool = False) -> None:
         self.slots = slots
         self.context = context
         self.threads = threads
@@ -148,6 +149,7 @@ class LlamaServer:
         self.cache_dir = cache_dir
         self.port = port
         self.metrics = metrics
+        self.draft = draft
         self._fixed_port = port  # 0: a free port at each start
         self._proc: subprocess.Popen[str] | None = None
         self._log: deque[str] = deque(maxlen=200)
@@ -167,6 +169,9 @@ class LlamaServer:
                 "-c", str(self.context * self.slots)]
         if self.threads:
             args += ["-t", str(self.threads)]
+        if self.draft:
+            args += ["--model-draft", str(model_path(self.cache_dir)), "--spec-type", "draft-simple",
+                     "--spec-draft-n-max", "8"]
         return args + self.extra_args
 
     def start(self) -> LlamaServer:

@@ -23,7 +23,7 @@ import otel_llm
 from otel_llm.parse import response as resp
 from otel_llm.parse.response import ResponseInfo, parse_body, parse_events
 from otel_llm.parse.runtimes import KNOWN_RUNTIMES, SOURCES, RuntimeCounters, runtime_counters
-from otel_llm.parse.runtimes import _common, llamacpp, lmstudio, ollama, sglang, tgi
+from otel_llm.parse.runtimes import _common, llamacpp, lmstudio, ollama, sglang, tgi, vllm
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "runtimes"
 FIELDS = [f.name for f in dataclasses.fields(RuntimeCounters)]
@@ -119,6 +119,7 @@ def test_sources_name_the_fields_read() -> None:
     tables = {
         "ollama": ollama._FIELDS, "llama.cpp": llamacpp._TIMINGS, "sglang": sglang._META,
         "lmstudio": lmstudio._STATS, "tgi": tgi._HEADERS + tgi._DETAILS,
+        "vllm": vllm._METRICS + vllm._SPECULATIVE,
     }
     for runtime, table in tables.items():
         for _, key, _ in table:
@@ -138,7 +139,7 @@ def test_empty_info_gives_all_none() -> None:
     ("ollama", "ollama"), ("llamacpp.timings", "llama.cpp"),
     (llamacpp.NATIVE_TRUNCATED, "llama.cpp"),
     ("tgi.headers", "tgi"), ("tgi.details", "tgi"), ("sglang.meta_info", "sglang"),
-    ("lmstudio.stats", "lmstudio"),
+    ("lmstudio.stats", "lmstudio"), ("vllm.metrics", "vllm"),
 ])
 def test_dispatch_on_native_key(key: str, runtime: str) -> None:
     assert runtime_counters(ResponseInfo(native={key: {}})).runtime == runtime
@@ -308,12 +309,13 @@ _json = st.recursive(
 _NATIVE_KEYS = [
     resp.NATIVE_OLLAMA, resp.NATIVE_LLAMACPP_TIMINGS, llamacpp.NATIVE_TRUNCATED,
     resp.NATIVE_TGI_HEADERS, resp.NATIVE_TGI_DETAILS, resp.NATIVE_SGLANG_META,
-    resp.NATIVE_LMSTUDIO_STATS,
+    resp.NATIVE_LMSTUDIO_STATS, resp.NATIVE_VLLM_METRICS,
 ]
 # The wire keys the adapters read, so generated dicts hit them often.
 _WIRE_KEYS = sorted(
     {key for table in (ollama._FIELDS, llamacpp._TIMINGS, tgi._HEADERS, tgi._DETAILS,
-                       sglang._META, lmstudio._STATS) for _, key, _ in table}
+                       sglang._META, lmstudio._STATS, vllm._METRICS, vllm._SPECULATIVE)
+     for _, key, _ in table}
     | {"prompt_tokens", "finish_reason", "stop_reason", "type"}
 )
 _counters = st.dictionaries(st.sampled_from(_WIRE_KEYS) | st.text(max_size=8), _json, max_size=8)
@@ -366,7 +368,8 @@ _OWNED = {  # a wire name only one runtime uses -> the module that owns it
     "stopped_eos": "llamacpp", "owned_by": "vllm", "vllm:num_requests_running": "vllm",
     "prompt_eval_count": "ollama", "done_reason": "ollama", "/api/version": "ollama",
     "Ollama is running": "ollama", "meta_info": "sglang", "model_instance_id": "lmstudio",
-    "time_to_first_token_seconds": "lmstudio",
+    "time_to_first_token_seconds": "lmstudio", "queue_time_ms": "vllm", "mean_itl_ms": "vllm",
+    "num_accepted_draft_tokens": "vllm",
 }
 
 # diagnose's cold trials drive Ollama's own unload lifecycle (a request otel_llm sends, not an answer

@@ -51,11 +51,21 @@ def test_every_reported_counter_becomes_its_attribute() -> None:
         sc.LLM_RUNTIME_CACHED_TOKENS: 30, sc.LLM_RUNTIME_GENERATION_TOKENS: 64,
         sc.LLM_RUNTIME_GENERATION_DURATION: 2.0, sc.LLM_RUNTIME_GENERATION_RATE: 32.0,
         sc.LLM_RUNTIME_TOTAL_DURATION: 4.25, sc.LLM_RUNTIME_DRAFT_TOKENS: 16,
-        sc.LLM_RUNTIME_DRAFT_TOKENS_ACCEPTED: 12,
+        sc.LLM_RUNTIME_DRAFT_TOKENS_ACCEPTED: 12, sc.LLM_RUNTIME_DRAFT_ACCEPTANCE_RATE: 0.75,
         sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: 30,  # the cached count stands in for the usage block's
         sc.GEN_AI_RESPONSE_FINISH_REASONS: ["stop"],
     }
     assert attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] is not counters.finish_reasons  # a copy
+
+
+@pytest.mark.parametrize("drafted, accepted, rate", [
+    (16, 12, 0.75), (8, 0, 0.0), (0, 0, None), (None, 3, None), (4, None, None), (4, 5, None), (4, -1, None),
+])
+def test_the_acceptance_rate_needs_both_counts_and_a_draft(drafted: int | None, accepted: int | None,
+                                                           rate: float | None) -> None:
+    attrs: dict[str, Any] = {}
+    runtime_attributes(RuntimeCounters(draft_tokens=drafted, draft_tokens_accepted=accepted), attrs)
+    assert attrs.get(sc.LLM_RUNTIME_DRAFT_ACCEPTANCE_RATE) == rate
 
 
 def test_unreported_counters_add_nothing() -> None:

@@ -48,6 +48,24 @@ def _workload(sim: SimProcess, **kw: object) -> Workload:
 
 
 # --- definitions ---------------------------------------------------------------------------------
+def test_every_openai_request_asks_for_the_usage_chunk() -> None:
+    """The usage chunk is what brings a vLLM's per-request metrics (--enable-per-request-metrics)
+    on a stream: every OpenAI-compatible request the bench sends asks for it."""
+    url, payload = Workload("http://x/v1", "openai", "tiny").request()
+    assert url == "http://x/v1/chat/completions"
+    assert payload["stream"] is True and payload["stream_options"] == {"include_usage": True}
+
+
+def test_a_level_shows_the_runtimes_draft_acceptance_beside_its_rate() -> None:
+    from otel_llm.tools.commands.bench import row
+
+    level = {"level": "concurrency 1", "completed": 4, "failed": 0, "request_throughput": 1.0,
+             "output_throughput": 16.0, **{k: {"p50": 0.1, "p99": 0.2} for k in ("ttft", "tpot", "itl", "e2el")}}
+    assert "draft" not in row(level)
+    level["native"] = {"generation_rate": {"p50": 30.0}, "draft_acceptance_rate": {"p50": 0.717}}
+    assert row(level).endswith("runtime 30.0 tok/s  draft accepted 72%")
+
+
 def test_percentile_interpolates_as_numpy() -> None:
     values = [0.5, 0.1, 0.4, 0.2, 0.3]
     assert percentile(values, 50) == pytest.approx(0.3)

@@ -326,3 +326,15 @@ def test_context_pressure_is_flagged_with_its_evidence(tmp_path: Path) -> None:
     full, roomy = _blocks(render_calls(read_jsonl(path), WIDTH))
     assert "context pressure: the prompt fills 88% of the 512-token context" in " ".join(full.split())
     assert "context pressure" not in roomy
+
+
+def test_a_speculative_call_shows_its_draft_acceptance_beside_the_runtime(tmp_path: Path) -> None:
+    path = tmp_path / "traces.jsonl"
+    tracer = _tracer(path)
+    _record(tracer, "drafted", T0, 1000, STREAMING, **{sc.LLM_RUNTIME_DRAFT_TOKENS: 46,
+                                                       sc.LLM_RUNTIME_DRAFT_TOKENS_ACCEPTED: 33,
+                                                       sc.LLM_RUNTIME_DRAFT_ACCEPTANCE_RATE: 33 / 46})
+    _record(tracer, "plain", T0 + 2_000 * MS, 1000, STREAMING)
+    drafted, plain = render_calls(read_jsonl(path), WIDTH).split("\n\n")[:2]
+    assert "runtime llama.cpp draft accepted 72% (33/46)" in " ".join(drafted.split())  # lines may wrap
+    assert "draft" not in plain

@@ -380,6 +380,15 @@ def test_request_payloads() -> None:
     assert url == "http://h:1/completion" and body["n_predict"] == 8
 
 
+def test_a_trials_line_shows_the_draft_acceptance_beside_the_native_rate() -> None:
+    from otel_llm.tools.diagnose.report import trial_line
+
+    trial = Trial(kind="warm", ttfb=0.01, ttft=0.05, decode=0.5, total=0.6, client_rate=30.0, native_rate=31.0)
+    assert "draft" not in trial_line(trial)
+    trial.draft_acceptance = 0.4074
+    assert "native 31.0 tok/s, draft accepted 41%" in trial_line(trial)
+
+
 def test_prefill_fit_is_least_squares() -> None:
     from otel_llm.tools.diagnose.sweep import fit
     from otel_llm.tools.diagnose.trials import Trial

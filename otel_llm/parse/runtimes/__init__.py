@@ -32,7 +32,7 @@ __all__ = [
 
 _ADAPTERS: tuple[ModuleType, ...] = (ollama, llamacpp, vllm, tgi, sglang, lmstudio)
 # Checked in this order; the first native key found decides.
-_BY_NATIVE: tuple[ModuleType, ...] = (ollama, llamacpp, sglang, lmstudio, tgi)
+_BY_NATIVE: tuple[ModuleType, ...] = (ollama, llamacpp, sglang, lmstudio, tgi, vllm)
 
 KNOWN_RUNTIMES: tuple[str, ...] = tuple(a.NAME for a in _ADAPTERS)
 # runtime name -> what the observers know about it (each runtime's module declares it)
@@ -41,7 +41,7 @@ OBSERVED: dict[str, Observed] = {a.NAME: a.OBSERVED for a in _ADAPTERS}
 # this order; a reader returning True has claimed the object and the later ones skip it (SGLang's
 # answers are not TGI's)
 RESPONSE_READERS: tuple[tuple[tuple[str, ...], Callable[[Merge, dict[str, Any]], bool | None]], ...] = tuple(
-    (a.RESPONSE_KEYS, a.merge_object) for a in (ollama, llamacpp, lmstudio, sglang, tgi)
+    (a.RESPONSE_KEYS, a.merge_object) for a in (ollama, llamacpp, lmstudio, sglang, tgi, vllm)
 )
 # diagnose's detection, first proof wins: llama.cpp's /props first (specific to it), Ollama
 # before /v1/models (it serves the OpenAI-compatible routes too), vLLM before any other

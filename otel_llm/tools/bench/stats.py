@@ -118,6 +118,7 @@ NATIVE_SUMMARY = {
     "queue_duration": "llm.runtime.queue_duration", "load_duration": "llm.runtime.load_duration",
     "prompt_eval_duration": "llm.runtime.prompt_eval_duration", "prompt_eval_rate": "llm.runtime.prompt_eval_rate",
     "generation_rate": "llm.runtime.generation_rate", "total_duration": "llm.runtime.total_duration",
+    "draft_acceptance_rate": "llm.runtime.draft_acceptance_rate",
 }
 
 

@@ -106,9 +106,12 @@ def row(s: dict[str, Any]) -> str:
             f"{_num(s['output_throughput']):>9} {_ms(s['ttft']['p50']):>9} {_ms(s['ttft']['p99']):>8} "
             f"{_ms(s['tpot']['p50']):>9} {_ms(s['tpot']['p99']):>7} {_ms(s['itl']['p99']):>8} "
             f"{_ms(s['e2el']['p50']):>9}")
-    rate = (s.get("native") or {}).get("generation_rate")
+    native = s.get("native") or {}
+    rate, acceptance = native.get("generation_rate"), native.get("draft_acceptance_rate")
     if rate:
         line += f"  runtime {_num(rate['p50'])} tok/s"
+    if acceptance:
+        line += f"  draft accepted {acceptance['p50']:.0%}"
     memory = s.get("runtime_memory") or {}
     rss, gpu = memory.get("peak_rss_bytes"), memory.get("peak_gpu_memory_bytes")
     if rss:

@@ -50,6 +50,8 @@ def trial_line(trial: Trial) -> str:
              f"total {_fmt(trial.total, 's')}", f"{_fmt(trial.client_rate, 'tok/s')} tok/s"]
     if trial.native_rate is not None:
         parts.append(f"native {_fmt(trial.native_rate, 'tok/s')} tok/s")
+    if trial.draft_acceptance is not None:
+        parts.append(f"draft accepted {trial.draft_acceptance:.0%}")
     if trial.load:
         parts.append(f"load {_fmt(trial.load, 's')}")
     label = f"{trial.kind}" if trial.kind == "cold" else f"{trial.kind} #{trial.index + 1}"

@@ -44,6 +44,7 @@ class Trial:
     decode: float | None = None  # client: first -> last token
     client_rate: float | None = None
     native_rate: float | None = None
+    draft_acceptance: float | None = None  # speculative decoding: accepted / drafted tokens
     prompt_eval: float | None = None
     prompt_tokens: int | None = None  # evaluated by the runtime (cached ones excluded)
     input_tokens: int | None = None  # the whole prompt, as the response's usage reports it
@@ -142,6 +143,7 @@ def trial_from_spans(trial: Trial, call: ReadableSpan, children: list[ReadableSp
     trial.decode = _num(a, "llm.client.generation_duration")
     trial.client_rate = _num(a, "llm.client.generation_rate")
     trial.native_rate = _num(a, "llm.runtime.generation_rate")
+    trial.draft_acceptance = _num(a, sc.LLM_RUNTIME_DRAFT_ACCEPTANCE_RATE)
     trial.prompt_eval = _num(a, "llm.runtime.prompt_eval_duration")
     trial.prompt_tokens = _int(a, "llm.runtime.prompt_tokens")
     trial.input_tokens = _int(a, "gen_ai.usage.input_tokens")
