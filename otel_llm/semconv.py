@@ -80,6 +80,7 @@ LLM_RUNTIME_GENERATION_RATE = "llm.runtime.generation_rate"
 LLM_RUNTIME_TOTAL_DURATION = "llm.runtime.total_duration"
 LLM_RUNTIME_DRAFT_TOKENS = "llm.runtime.draft_tokens"
 LLM_RUNTIME_DRAFT_TOKENS_ACCEPTED = "llm.runtime.draft_tokens_accepted"
+LLM_RUNTIME_DRAFT_ACCEPTANCE_RATE = "llm.runtime.draft_acceptance_rate"
 LLM_SYNTHESIZED = "llm.synthesized"
 
 # --- otel_llm: diagnosis derived per call ---------------------------------------------------

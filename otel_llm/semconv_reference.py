@@ -221,11 +221,12 @@ ENTRIES: tuple[Name, ...] = (
     _attr("HTTP_ROUTE", "string", "", "stable", f"{_GATEWAY}: the request path, when it is a model route."),
     _attr("URL_PATH", "string", "", "stable", f"{_GATEWAY}: the request path (at most 256 characters kept)."),
     _attr("URL_SCHEME", "string", "", "stable", f"{_GATEWAY}."),
-    _attr("CLIENT_ADDRESS", "string", "", "stable", f"{_GATEWAY}: the caller's address (the TCP peer)."),
-    _attr("CLIENT_PORT", "int", "", "stable", f"{_GATEWAY}: the caller's port."),
-    _attr("USER_AGENT_ORIGINAL", "string", "", "stable", "Not emitted: the gateway's SERVER span carries no "
-          "header value, not even the caller's User-Agent; the constant names what a test holds absent.",
-          emitted=False),
+    _attr("CLIENT_ADDRESS", "string", "", "stable", f"{_GATEWAY} and the proxy's (`otel-llm proxy`): the "
+          "caller's address (the TCP peer)."),
+    _attr("CLIENT_PORT", "int", "", "stable", f"{_GATEWAY} and the proxy's: the caller's port."),
+    _attr("USER_AGENT_ORIGINAL", "string", "", "stable", "On the proxy's SERVER span (`otel-llm proxy`): the "
+          "caller's `User-Agent` (first 256 characters). The gateway's SERVER span carries no header value, "
+          "not even this one."),
     # --- otel_llm: the call, as the client saw it ---------------------------------------------------
     _attr("LLM_RUNTIME_NAME", "string", "", "otel_llm", f"{_CALL}: the runtime, from the `runtimes` option, "
           "else what the response proves, else the route, else what the runtime-state observer recognized "
@@ -281,6 +282,8 @@ ENTRIES: tuple[Name, ...] = (
           "speculative decoding (llama.cpp `draft_n`)."),
     _attr("LLM_RUNTIME_DRAFT_TOKENS_ACCEPTED", "int", "{token}", "otel_llm", f"{_RUNTIME}: drafted tokens "
           "accepted (llama.cpp `draft_n_accepted`)."),
+    _attr("LLM_RUNTIME_DRAFT_ACCEPTANCE_RATE", "double", "1", "otel_llm", f"{_RUNTIME}: the share of drafted "
+          "tokens the model accepted (accepted / drafted), when the runtime reported both and drafted any."),
     _attr("LLM_SYNTHESIZED", "boolean", "", "otel_llm", "On the `runtime.*` spans: `true`, they were "
           "synthesized from the runtime's counters."),
     # --- otel_llm: diagnosis ---------------------------------------------------------------------------
@@ -363,7 +366,8 @@ ENTRIES: tuple[Name, ...] = (
           "key), when it sent a valid one; on `llm.gateway.requests` (`-` when none)."),
     _attr("LLM_GATEWAY_OUTCOME", "string", "", "otel_llm", f"{_GATEWAY}, `llm.gateway.requests` and "
           "`llm.gateway.queue.wait`: `allowed`, `unauthorized`, `forbidden`, `rate_limited`, `overloaded`, "
-          "`bad_request`, `upstream_error`, `client_closed` or `address_limited`."),
+          "`bad_request`, `upstream_error`, `client_closed` or `address_limited`. Also on the proxy's SERVER span "
+          "(`otel-llm proxy`), where `client_closed` says the caller hung up before the response ended."),
     _attr("LLM_GATEWAY_QUEUE_DEPTH", "int", "{request}", "otel_llm", "On the `gateway.queue` span: requests "
           "already waiting when this one joined the queue."),
     _attr("LLM_GATEWAY_QUEUE_WAIT", "double", "s", "otel_llm", f"{_GATEWAY}, when the request went through the "

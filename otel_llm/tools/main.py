@@ -130,6 +130,8 @@ COMMANDS: tuple[Command, ...] = (
                    "otel_llm.tools.commands.bench"),
     module_command("gateway", "authenticating gateway in front of a model server, traced end to end",
                    "otel_llm.tools.commands.gateway"),
+    module_command("proxy", "local tracing proxy: any client's calls to a model server traced as model calls",
+                   "otel_llm.tools.commands.proxy"),
 )
 
 

@@ -14,9 +14,37 @@ import sys
 from otel_llm.tools.gateway.settings import ENV_VARS, ConfigError, load_config, split_route
 from otel_llm.tools.gateway.keys import format_hash, generate_key
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["SETTING_FLAGS", "add_arguments", "run"]
 
 _KEY_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+# (flag, setting, type, help) for each setting (``otel-llm proxy`` offers the same ones)
+SETTING_FLAGS: tuple[tuple[str, str, type, str], ...] = (
+    ("--upstream", "upstream", str, "the model server, e.g. http://127.0.0.1:11434"),
+    ("--listen", "listen", str, "HOST:PORT to listen on (default 127.0.0.1:8080)"),
+    ("--keys", "keys_file", str, "TOML file of [keys.ID] tables with hashed keys"),
+    ("--config", "config_file", str, "TOML file with any of these settings"),
+    ("--max-concurrency", "max_concurrency", int, "upstream requests in flight (default 8)"),
+    ("--max-queue", "max_queue", int, "requests waiting beyond that (default 64)"),
+    ("--max-queue-wait", "max_queue_wait", float, "seconds a request may wait (default 30)"),
+    ("--max-body-bytes", "max_body_bytes", int, "largest request body (default 4 MiB)"),
+    ("--upstream-timeout", "upstream_timeout", float, "seconds of upstream silence (default 600)"),
+    ("--upstream-key-env", "upstream_key_env", str, "variable holding the runtime's own API key"),
+    ("--runtime", "runtime", str, "the upstream runtime's name (ollama, llama.cpp, vllm, ...)"),
+    ("--access-log", "access_log", str, "'-' (stderr, default), 'off' or a file"),
+    ("--header-timeout", "header_timeout", float, "seconds to receive a request head (default 10)"),
+    ("--body-timeout", "body_timeout", float, "seconds to receive a request body (default 30)"),
+    ("--idle-timeout", "idle_timeout", float, "seconds a kept-alive connection may idle (default 30)"),
+    ("--max-connections", "max_connections", int, "open client connections (default 512)"),
+    ("--max-connections-per-client", "max_connections_per_client", int,
+     "open connections from one address (default 64)"),
+    ("--refusal-rate", "refusal_rate", float, "refused requests per second per address answered and recorded "
+                                              "(default 5; past it and the burst: 429, counted only)"),
+    ("--refusal-burst", "refusal_burst", int, "refused requests at once above that rate (default 20)"),
+    ("--access-log-max-bytes", "access_log_max_bytes", int, "rotate an access log file past this size "
+                                                            "(default 100 MiB; 0 never)"),
+    ("--access-log-backups", "access_log_backups", int, "previous access log files kept (default 1)"),
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,32 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", nargs="?", choices=("serve", "keygen"), default="serve",
                         help="serve (default) or keygen")
     parser.add_argument("key_id", nargs="?", metavar="ID", help="keygen: the new key's id (logged, not secret)")
-    for flag, setting, kind, text in (
-        ("--upstream", "upstream", str, "the model server, e.g. http://127.0.0.1:11434"),
-        ("--listen", "listen", str, "HOST:PORT to listen on (default 127.0.0.1:8080)"),
-        ("--keys", "keys_file", str, "TOML file of [keys.ID] tables with hashed keys"),
-        ("--config", "config_file", str, "TOML file with any of these settings"),
-        ("--max-concurrency", "max_concurrency", int, "upstream requests in flight (default 8)"),
-        ("--max-queue", "max_queue", int, "requests waiting beyond that (default 64)"),
-        ("--max-queue-wait", "max_queue_wait", float, "seconds a request may wait (default 30)"),
-        ("--max-body-bytes", "max_body_bytes", int, "largest request body (default 4 MiB)"),
-        ("--upstream-timeout", "upstream_timeout", float, "seconds of upstream silence (default 600)"),
-        ("--upstream-key-env", "upstream_key_env", str, "variable holding the runtime's own API key"),
-        ("--runtime", "runtime", str, "the upstream runtime's name (ollama, llama.cpp, vllm, ...)"),
-        ("--access-log", "access_log", str, "'-' (stderr, default), 'off' or a file"),
-        ("--header-timeout", "header_timeout", float, "seconds to receive a request head (default 10)"),
-        ("--body-timeout", "body_timeout", float, "seconds to receive a request body (default 30)"),
-        ("--idle-timeout", "idle_timeout", float, "seconds a kept-alive connection may idle (default 30)"),
-        ("--max-connections", "max_connections", int, "open client connections (default 512)"),
-        ("--max-connections-per-client", "max_connections_per_client", int,
-         "open connections from one address (default 64)"),
-        ("--refusal-rate", "refusal_rate", float, "refused requests per second per address answered and recorded "
-                                                  "(default 5; past it and the burst: 429, counted only)"),
-        ("--refusal-burst", "refusal_burst", int, "refused requests at once above that rate (default 20)"),
-        ("--access-log-max-bytes", "access_log_max_bytes", int, "rotate an access log file past this size "
-                                                                "(default 100 MiB; 0 never)"),
-        ("--access-log-backups", "access_log_backups", int, "previous access log files kept (default 1)"),
-    ):
+    for flag, setting, kind, text in SETTING_FLAGS:
         parser.add_argument(flag, dest=setting, type=kind, metavar=setting.split("_")[-1].upper(),
                             help=f"{text} [${ENV_VARS[setting]}]")
     keygen = parser.add_argument_group("keygen options")

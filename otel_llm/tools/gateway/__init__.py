@@ -1,6 +1,10 @@
 """``otel-llm gateway``: an authenticating, admission-controlled, streaming gateway in front of a
 model server, traced with the same core so one trace spans client, gateway and runtime.
 
+In its ``proxy`` role (``otel-llm proxy``; ``load_config({"role": "proxy", ...})``) the same
+server records each relayed request as the model call itself and, without keys, serves loopback
+callers without authentication.
+
     from otel_llm.tools.gateway import load_config, build_app
     app, providers = build_app(load_config({"upstream": "http://127.0.0.1:11434", "keys_file": "keys.toml"}))
     # any ASGI server: uvicorn.run(app)

@@ -6,6 +6,10 @@ Order of one request (any step may answer instead, and then nothing reaches the 
       ─ gateway.queue (bounded, timed) ─ upstream call (``upstream.Upstream``, traced by the core)
       ─ relay chunks
 
+As ``otel-llm proxy`` without keys (``config.authenticates`` false) only the edge limits, the
+head size and the body apply: no authentication, key limits or queue, so the span tree under
+the SERVER span is the upstream call alone, as an instrumented application would record it.
+
 A task watches for the client going away the whole time after the body is read: if it does,
 the request leaves the queue or the upstream request is closed, so an abandoned call does not
 keep the runtime generating.
@@ -28,7 +32,7 @@ from opentelemetry import trace
 
 from otel_llm._log import log_once
 from otel_llm.tools.gateway.auth import Denied, KeyStore, check_model, check_path, check_route, credentials
-from otel_llm.tools.gateway.settings import GatewayConfig, KeyPolicy
+from otel_llm.tools.gateway.settings import PROXY, GatewayConfig, KeyPolicy
 from otel_llm.tools.gateway.limits import Admission, KeyLimits, Rejected
 from otel_llm.tools.gateway.proxy import request_headers, response_headers
 from otel_llm.tools.gateway.refusals import REFUSED_OUTCOMES, RefusalLimiter
@@ -39,6 +43,7 @@ __all__ = ["Gateway", "HEALTH_PATH"]
 
 HEALTH_PATH = "/-/health"
 MAX_HEADER_BYTES = 32 * 1024  # request head (names + values); larger ones are never forwarded
+MAX_WRITES = 4096  # relayed pieces whose write times the proxy keeps, to find the first token's
 _perf_ns = time.perf_counter_ns
 _log = logging.getLogger("otel_llm.gateway")
 
@@ -59,6 +64,8 @@ class Gateway:
         self.admission = Admission(config.max_concurrency, config.max_queue, config.max_queue_wait)
         self._limits = {p.key_id: KeyLimits(p.rate, p.burst, p.max_concurrency) for p in config.keys}
         self.refusals = RefusalLimiter(config.refusal_rate, config.refusal_burst)
+        self.authenticates = config.authenticates
+        self._times_writes = config.role == PROXY  # the caller's side of the relay (not the gateway's cost)
         self._upstream_key = upstream_key
         self._client: Upstream | None = None
 
@@ -124,6 +131,11 @@ class Gateway:
     async def _guarded(self, exchange: Exchange, scope: dict[str, Any], receive: Any, send: Any,
                        span: trace.Span) -> None:
         try:
+            if not self.authenticates:
+                _check_head_size(scope)
+                body = await _read_body(scope, receive, self.config.max_body_bytes, self.config.body_timeout)
+                await self._admit_and_relay(exchange, scope, receive, send, body)
+                return
             policy = self._check_head(exchange, scope)
             limits = self._limits[policy.key_id]
             limits.enter()  # before the body: a stalled upload holds one of the key's requests
@@ -156,8 +168,7 @@ class Gateway:
         """Authenticate and authorize the route."""
         started = _perf_ns()
         try:
-            if sum(len(n) + len(v) for n, v in scope["headers"]) > MAX_HEADER_BYTES:
-                raise Denied(431, "bad_request", f"request headers over {MAX_HEADER_BYTES} bytes")
+            _check_head_size(scope)
             secret = credentials(scope["headers"])
             policy = self.keys.authenticate(secret)
             exchange.key_id = policy.key_id
@@ -186,7 +197,10 @@ class Gateway:
         gone = asyncio.Event()
         watcher = asyncio.ensure_future(_cancel_on_disconnect(receive, task, gone, exchange))
         try:
-            await self._queue_and_relay(exchange, scope, send, body)
+            if self.authenticates:
+                await self._queue_and_relay(exchange, scope, send, body)
+            else:
+                await self._relay(exchange, scope, send, body)
         except asyncio.CancelledError:
             if not gone.is_set():
                 raise  # the server is shutting down, not a client leaving
@@ -214,7 +228,8 @@ class Gateway:
         query = scope.get("query_string") or b""
         raw_path = scope.get("raw_path") or exchange.path.encode("ascii", "ignore")
         target = raw_path + b"?" + query if query else raw_path
-        headers = request_headers(scope["headers"], exchange.client, scope.get("scheme", "http"), self._upstream_key)
+        headers = request_headers(scope["headers"], exchange.client, scope.get("scheme", "http"), self._upstream_key,
+                                  self.authenticates)
         exchange.upstream_start = _perf_ns()
         try:
             # A kept-alive connection the runtime had just closed (llama-server does this) is
@@ -230,6 +245,8 @@ class Gateway:
             await self._stream_back(exchange, response, send)
         finally:
             response.close()
+            if exchange.writes:
+                exchange.first_token_written = _written_at(exchange.writes, response.first_token_ns())
 
     async def _stream_back(self, exchange: Exchange, response: Response, send: Any) -> None:
         exchange.status = response.status_code
@@ -238,10 +255,21 @@ class Gateway:
         headers = response_headers(response.headers, exchange.server_timing())
         await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
         exchange.head_sent = _perf_ns()
+        # the proxy notes when each piece was written to the caller, and how long writing waited
+        # for it (the server's ``send`` waits while the caller is not reading)
+        writes = exchange.writes = [] if self._times_writes else None
         try:
             async for chunk in response:
                 exchange.bytes_out += len(chunk)
+                if writes is None:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    continue
+                arrived = _perf_ns()
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                written = _perf_ns()
+                exchange.write_wait += written - arrived
+                if len(writes) < MAX_WRITES:
+                    writes.append((arrived, written))
         except httpx.HTTPError as exc:
             # Too late for an error status: the server drops the connection, so the caller sees
             # a truncated response rather than a complete-looking one.
@@ -257,6 +285,22 @@ class Gateway:
         if status in (408, 413):
             extra.append(("connection", "close"))  # the unread body must not be parsed as a request
         await _answer(send, status, {"error": {"message": message, "type": outcome, "code": status}}, extra)
+
+
+def _written_at(writes: list[tuple[int, int]], arrived_ns: int) -> int | None:
+    """When the piece that arrived at ``arrived_ns`` (the trace's clock, read just before ours)
+    was written: the first piece noted at or after it."""
+    if not arrived_ns:
+        return None
+    for arrived, written in writes:
+        if arrived >= arrived_ns:
+            return written
+    return None
+
+
+def _check_head_size(scope: dict[str, Any]) -> None:
+    if sum(len(n) + len(v) for n, v in scope["headers"]) > MAX_HEADER_BYTES:
+        raise Denied(431, "bad_request", f"request headers over {MAX_HEADER_BYTES} bytes")
 
 
 async def _answer(send: Any, status: int, payload: dict[str, Any], headers: Any = ()) -> None:

@@ -29,8 +29,9 @@ FORWARDING = frozenset({
     "x-original-uri", "x-rewrite-url", "x-original-host", "x-original-method", "x-http-method-override",
     "x-http-method", "x-method-override",
 })
-_REQUEST_DROP = (HOP_BY_HOP | _CREDENTIALS | FORWARDING
-                 | {"host", "content-length", "expect", "traceparent", "tracestate"})
+_REQUEST_DROP_UNAUTHENTICATED = (HOP_BY_HOP | FORWARDING
+                                 | {"host", "content-length", "expect", "traceparent", "tracestate"})
+_REQUEST_DROP = _REQUEST_DROP_UNAUTHENTICATED | _CREDENTIALS
 _RESPONSE_DROP = HOP_BY_HOP | {"set-cookie", "server-timing", "x-accel-buffering"}
 
 
@@ -43,10 +44,12 @@ def _named_by_connection(headers: Iterable[tuple[str, str]]) -> set[str]:
 
 
 def request_headers(headers: Sequence[tuple[bytes, bytes]], client: tuple[str, int] | None,
-                    scheme: str, upstream_key: str | None) -> list[tuple[str, str]]:
-    """The caller's headers as the runtime should see them."""
+                    scheme: str, upstream_key: str | None, authenticated: bool = True) -> list[tuple[str, str]]:
+    """The caller's headers as the runtime should see them. ``authenticated=False`` (the proxy
+    without keys): the caller's credentials are the runtime's, and pass (unless ``upstream_key``)."""
     decoded = [(n.decode("latin-1"), v.decode("latin-1")) for n, v in headers]
-    drop = _REQUEST_DROP | _named_by_connection(decoded)
+    drop = (_REQUEST_DROP if authenticated or upstream_key else _REQUEST_DROP_UNAUTHENTICATED) \
+        | _named_by_connection(decoded)
     # "X_Forwarded_For" too: CGI-style servers (WSGI, PHP) read "_" and "-" alike
     out = [(n, v) for n, v in decoded if n not in drop and n.replace("_", "-") not in drop]
     if client:

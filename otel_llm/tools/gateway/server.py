@@ -13,13 +13,14 @@ from otel_llm.config import ENV_VARS as CORE_ENV_VARS
 from otel_llm.config import resolve
 from otel_llm.export.providers import build_providers
 from otel_llm.tools.gateway.app import MAX_HEADER_BYTES, Gateway
-from otel_llm.tools.gateway.settings import ConfigError, GatewayConfig
+from otel_llm.tools.gateway.settings import PROXY, ConfigError, GatewayConfig
 from otel_llm.tools.gateway.telemetry import GatewayTelemetry, access_logger
 from otel_llm.instrumentor import current_telemetry
 
 __all__ = ["build_app", "serve"]
 
 DEFAULT_SERVICE_NAME = "otel-llm-gateway"
+PROXY_SERVICE_NAME = "otel-llm-proxy"
 
 
 def _upstream_key(config: GatewayConfig) -> str | None:
@@ -35,11 +36,14 @@ def build_app(config: GatewayConfig, **instrument_options: Any) -> tuple[Gateway
     """The ASGI app and the providers behind its telemetry (flushed at lifespan shutdown).
 
     The core instrumentation is switched on in this process with the same providers, so the
-    upstream call becomes a child of the gateway's SERVER span."""
+    upstream call becomes a child of the gateway's SERVER span. As the proxy (``role`` "proxy")
+    that call is recorded as the caller's own (not marked relayed), with the summary line an
+    instrumented application prints."""
+    proxy = config.role == PROXY
     defaults: dict[str, Any] = {}
     if not os.environ.get(CORE_ENV_VARS["service_name"]):
-        defaults["service_name"] = DEFAULT_SERVICE_NAME
-    if not os.environ.get(CORE_ENV_VARS["console_summary"]):
+        defaults["service_name"] = PROXY_SERVICE_NAME if proxy else DEFAULT_SERVICE_NAME
+    if not os.environ.get(CORE_ENV_VARS["console_summary"]) and not proxy:
         defaults["console_summary"] = False  # the access log already has one line per request
     options = {**defaults, **instrument_options}
     providers = build_providers(resolve(options))
@@ -49,13 +53,15 @@ def build_app(config: GatewayConfig, **instrument_options: Any) -> tuple[Gateway
                            **({"runtimes": runtimes} if runtimes else {})})
     core = current_telemetry()
     if core is not None:
-        core.relaying()
+        if not proxy:
+            core.relaying()
         core.watch(config.upstream)  # its runtime is recognized before the first request ends (vLLM)
     key = _upstream_key(config)
     holder: dict[str, Gateway] = {}
     telemetry = GatewayTelemetry(providers.tracer_provider, providers.meter_provider,
                                  access_logger(config.access_log, config.access_log_max_bytes, config.access_log_backups),
-                                 lambda: holder["app"].admission.depth)
+                                 (lambda: holder["app"].admission.depth) if config.authenticates else None,
+                                 user_agent=proxy)
     app = holder["app"] = Gateway(config, telemetry, key,
                                   on_shutdown=[otel_llm.uninstrument, providers.shutdown])
     return app, providers
@@ -63,15 +69,16 @@ def build_app(config: GatewayConfig, **instrument_options: Any) -> tuple[Gateway
 
 def serve(config: GatewayConfig) -> int:
     """Serve until SIGINT/SIGTERM; in-flight requests get a few seconds to finish."""
+    command = f"otel-llm {config.role}"
     try:
         import uvicorn
     except ImportError:
-        print("otel-llm gateway needs uvicorn: pip install 'otel-llm[gateway]'", file=sys.stderr)
+        print(f"{command} needs uvicorn: pip install 'otel-llm[gateway]'", file=sys.stderr)
         return 2
     try:
         sock = _listen(config.listen_host, config.listen_port)
     except OSError as exc:
-        print(f"otel-llm gateway: cannot listen on {config.listen}: {exc.strerror or exc}", file=sys.stderr)
+        print(f"{command}: cannot listen on {config.listen}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     app, providers = build_app(config)
     from otel_llm.tools.gateway.edge import EdgeLimits, edge_protocol
@@ -84,9 +91,13 @@ def serve(config: GatewayConfig) -> int:
         proxy_headers=False,  # the gateway is the edge: the client is the TCP peer, not a header
     )
     host, port = sock.getsockname()[:2]
-    print(f"otel-llm gateway: listening on http://{_url_host(host)}:{port} -> {config.upstream} "
-          f"({len(config.keys)} key(s), {config.max_concurrency} upstream slot(s), queue {config.max_queue} "
-          f"for {config.max_queue_wait:g} s)", file=sys.stderr, flush=True)
+    if config.authenticates:
+        detail = (f"{len(config.keys)} key(s), {config.max_concurrency} upstream slot(s), queue {config.max_queue} "
+                  f"for {config.max_queue_wait:g} s")
+    else:
+        detail = "no authentication: loopback only"
+    print(f"{command}: listening on http://{_url_host(host)}:{port} -> {config.upstream} ({detail})",
+          file=sys.stderr, flush=True)
     # uvicorn restores this handler after draining and re-raises the SIGTERM it caught: a
     # requested, completed graceful stop then exits 0 instead of dying by the signal.
     signal.signal(signal.SIGTERM, _exit_cleanly)

@@ -16,6 +16,7 @@ Keys file (TOML; the same ``[keys.*]`` tables may also sit in the config file)::
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import sys
@@ -31,7 +32,10 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - the gateway extra installs tomli there
     import tomli as tomllib
 
-__all__ = ["ConfigError", "GatewayConfig", "KeyPolicy", "ENV_VARS", "load_config", "split_route"]
+__all__ = ["ConfigError", "GatewayConfig", "KeyPolicy", "ENV_VARS", "PROXY", "is_loopback", "load_config",
+           "split_route"]
+
+GATEWAY, PROXY = "gateway", "proxy"  # GatewayConfig.role
 
 ENV_PREFIX = "OTEL_LLM_GATEWAY_"
 ENV_VARS: dict[str, str] = {  # setting -> environment variable (README table)
@@ -101,6 +105,14 @@ class GatewayConfig:
     refusal_burst: int = 20  # refused requests at once above that rate
     access_log_max_bytes: int = 100 * 1024 * 1024  # an access log file is rotated past this size (0: never)
     access_log_backups: int = 1  # previous access log files kept
+    # "proxy" (``otel-llm proxy``): the upstream call is the model call itself, not a relayed hop;
+    # without keys there is no authentication, no queue, and only a loopback address may be used
+    role: str = GATEWAY
+
+    @property
+    def authenticates(self) -> bool:
+        """Callers present a key (always for the gateway; for the proxy when given keys)."""
+        return self.role != PROXY or bool(self.keys)
 
     @property
     def listen_host(self) -> str:
@@ -122,7 +134,7 @@ def load_config(overrides: Mapping[str, Any] | None = None, environ: Mapping[str
     if config_file:
         data = _read_toml(config_file)
         keys_tables.update(data.pop("keys", {}) or {})
-        unknown = set(data) - {f.name for f in fields(GatewayConfig)} - {"keys"}
+        unknown = (set(data) - {f.name for f in fields(GatewayConfig)} - {"keys"}) | ({"role"} & set(data))
         if unknown:
             raise ConfigError(f"{config_file}: unknown setting(s) {', '.join(sorted(unknown))}")
         raw.update(data)
@@ -203,13 +215,30 @@ def _validate(config: GatewayConfig) -> None:
     _positive("access_log_backups", config.access_log_backups, allow_zero=True)
     if config.access_log == "":
         raise ConfigError("access_log must be '-', 'off' or a file path")
-    if not config.keys:
+    if config.role not in (GATEWAY, PROXY):
+        raise ConfigError(f"role must be {GATEWAY!r} or {PROXY!r}, got {config.role!r}")
+    if config.role == PROXY and not config.keys and not is_loopback(config.listen_host):
+        raise ConfigError(
+            f"refusing to listen on {config.listen} without authentication: anyone who can reach that address "
+            "could use the model server through the proxy. Listen on a loopback address (127.0.0.1 or ::1), "
+            "or pass --keys FILE to require keys there (create one with `otel-llm gateway keygen ID`)")
+    if not config.keys and config.role != PROXY:
         raise ConfigError("no API keys configured: pass --keys FILE (create one with `otel-llm gateway keygen ID`)")
     seen: dict[bytes, str] = {}
     for policy in config.keys:
         if policy.digest in seen:
             raise ConfigError(f"keys {seen[policy.digest]!r} and {policy.key_id!r} have the same hash")
         seen[policy.digest] = policy.key_id
+
+
+def is_loopback(host: str) -> bool:
+    """``host`` (an address, or ``localhost``) can only be reached from this machine."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name that may resolve anywhere
 
 
 def _key_policy(key_id: str, table: Any) -> KeyPolicy:

@@ -74,6 +74,10 @@ class Exchange:
     complete: bool = False  # the last byte of the response was handed to the server
     recorded: bool = True  # False: a refusal past its address's budget, counted in the metrics only
     error: str | None = None
+    # the proxy only: (arrived, written) per relayed piece (the first MAX_WRITES), and the caller's side
+    writes: list[tuple[int, int]] | None = None
+    write_wait: int = 0  # ns spent waiting for the caller to take the response
+    first_token_written: int | None = None
 
     def __post_init__(self) -> None:
         if not self.t0:
@@ -166,7 +170,8 @@ class GatewayTelemetry:
     """Tracer, instruments and access log of one gateway."""
 
     def __init__(self, tracer_provider: TracerProvider, meter_provider: MeterProvider,
-                 access_log: logging.Logger | None = None, queue_depth: Any = None) -> None:
+                 access_log: logging.Logger | None = None, queue_depth: Any = None,
+                 user_agent: bool = False) -> None:
         self.tracer = tracer_provider.get_tracer(f"{sc.INSTRUMENTATION_NAME}.gateway", __version__)
         sink = make_sink(self.tracer)
         self._sdk = sink if isinstance(sink, SdkSpanSink) else None
@@ -185,6 +190,7 @@ class GatewayTelemetry:
                 sc.METRIC_GATEWAY_QUEUE_DEPTH, callbacks=[self._observe_depth], unit="{request}",
                 description="Requests waiting for an upstream slot")
         self.access_log = access_log
+        self._user_agent = user_agent  # the proxy records the caller's User-Agent; the gateway no header value
 
     def _observe_depth(self, options: CallbackOptions) -> list[Observation]:
         return [Observation(self._queue_depth())]
@@ -207,6 +213,8 @@ class GatewayTelemetry:
             attrs[sc.SERVER_ADDRESS], attrs[sc.SERVER_PORT] = server[0], server[1]
         if exchange.client:
             attrs[sc.CLIENT_ADDRESS], attrs[sc.CLIENT_PORT] = exchange.client
+        if self._user_agent and "user-agent" in headers:
+            attrs[sc.USER_AGENT_ORIGINAL] = _clip(headers["user-agent"])
         if self._sdk is not None:
             return _PendingSpan(self._sdk.start(name, attrs, exchange.epoch0, SpanKind.SERVER, parent))
         return self.tracer.start_span(name, context=parent, kind=SpanKind.SERVER, attributes=attrs,
@@ -266,6 +274,12 @@ class GatewayTelemetry:
             attrs[sc.LLM_GATEWAY_UPSTREAM_FIRST_BYTE] = (exchange.first_byte - exchange.upstream_start) / 1e9
         if exchange.status >= 500:
             attrs[sc.ERROR_TYPE] = str(exchange.status)
+        if exchange.writes is not None:  # the proxy: the caller's side of the relay
+            if exchange.head_sent is not None:
+                attrs[sc.LLM_PROXY_TIME_TO_FIRST_BYTE] = (exchange.head_sent - exchange.t0) / 1e9
+            if exchange.first_token_written is not None:
+                attrs[sc.LLM_PROXY_TIME_TO_FIRST_TOKEN] = (exchange.first_token_written - exchange.t0) / 1e9
+            attrs[sc.LLM_PROXY_WRITE_WAIT] = exchange.write_wait / 1e9
         return attrs
 
     def _record(self, exchange: Exchange, span_context: trace.SpanContext) -> None:

@@ -292,6 +292,12 @@ class Response:
             self._call.finish(END_EOF)
         raise StopAsyncIteration
 
+    def first_token_ns(self) -> int:
+        """When the piece holding the first token arrived (``perf_counter_ns``), as the trace has
+        it once the answer ended; 0 if none (not a stream, no token, or not traced)."""
+        scanner = self._call.scanner if self._call is not None else None
+        return scanner.first_token_ns if scanner is not None else 0
+
     def close(self) -> None:
         """Done with the answer: a connection not read to the end is closed, never reused."""
         self._end(reuse=False)

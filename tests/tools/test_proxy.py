@@ -1,0 +1,397 @@
+"""``otel-llm proxy``: a client that is not instrumented (Debian's curl here) calls the model
+server through the proxy, and the proxy records each request as the model call, with the span
+tree, attributes and summary line an instrumented application would write, under a SERVER span
+that continues the caller's ``traceparent``.
+
+Everything is a real process on loopback: the simulator (known, injected timings), the proxy
+(the real CLI, exporting to a JSON-lines file in ``tmp_path``) and curl.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from otel_llm import semconv as sc
+from otel_llm.export.jsonl import read_jsonl
+from otel_llm.tools.gateway.keys import format_hash, generate_key
+from otel_llm.tools.gateway.proxy import request_headers
+from otel_llm.tools.gateway.settings import PROXY, ConfigError, is_loopback, load_config
+from otel_llm.tools.process import terminate
+from otel_llm.tools.sim import SimProcess
+from tests.conftest import raw_timeline
+
+# timing on a shared 2-core machine: one bad scheduling moment is not a regression
+pytestmark = [pytest.mark.flaky(reruns=2),
+              pytest.mark.skipif(shutil.which("curl") is None, reason="needs Debian's curl")]
+
+ROOT = Path(__file__).resolve().parents[2]
+OTEL_LLM = str(Path(sys.executable).with_name("otel-llm"))
+KIND_INTERNAL, KIND_SERVER, KIND_CLIENT = 1, 2, 3  # OTLP numbering
+CHAT = "/v1/chat/completions"
+TOKENS = 5
+HEADERS_DELAY, FIRST_TOKEN_DELAY, TOKEN_INTERVAL = 0.02, 0.06, 0.01
+TOLERANCE = 0.005  # the proxy's time to first token against the simulator's truth
+LOOPBACK_ALLOWANCE = 0.002  # curl's first byte can be seen before the proxy notes its own, by this much
+BODY = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "where did the time go"}]}
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+_LISTENING = re.compile(r"listening on (?P<url>http://\S+)")
+
+
+class Proxy:
+    """``otel-llm proxy`` in a child process, exporting spans to ``traces``; a context manager.
+    The spans are complete once ``stop()`` returned (the exporter flushes at shutdown)."""
+
+    def __init__(self, upstream: str, tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> None:
+        self.traces = tmp_path / "proxy-traces.jsonl"
+        self.log_path = tmp_path / "proxy.log"
+        self.command = [OTEL_LLM, "proxy", "--upstream", upstream, "--listen", "127.0.0.1:0", *args]
+        self.env = {**os.environ, "PYTHONPATH": str(ROOT), "OTEL_LLM_TRACES_FILE": str(self.traces),
+                    "OTEL_LLM_HOST_METRICS": "false", "OTEL_LLM_GPU_METRICS": "false", **(env or {})}
+        self.url = ""
+        self.exit_code: int | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> Proxy:
+        with open(self.log_path, "wb") as log:
+            self._proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=log,
+                                          stderr=subprocess.STDOUT, env=self.env)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            match = _LISTENING.search(self.log())
+            if match:
+                self.url = match["url"]
+                return self
+            if self._proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"the proxy did not start:\n{self.log()}")
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            terminate(proc, 15.0)
+            self.exit_code = proc.returncode
+
+    def spans(self) -> list[dict[str, Any]]:
+        return list(read_jsonl(self.traces)) if self.traces.exists() else []
+
+
+def curl(url: str, body: dict[str, Any], *headers: str) -> tuple[bytes, dict[str, float]]:
+    """A streamed POST by curl: the bytes it received and its own timings (seconds)."""
+    write_out = "%{stderr}%{time_connect} %{time_starttransfer} %{time_total} %{http_code}"
+    args = ["curl", "-sS", "-N", "-H", "content-type: application/json", "--write-out", write_out,
+            "--data-binary", json.dumps(body)]
+    for header in headers:
+        args += ["-H", header]
+    done = subprocess.run([*args, url], capture_output=True, timeout=30, check=True)
+    connect, start, total, status = done.stderr.decode().split()[-4:]
+    return done.stdout, {"connect": float(connect), "starttransfer": float(start), "total": float(total),
+                         "status": float(status)}
+
+
+def events(stream: bytes) -> list[Any]:
+    """The SSE events, each call's own values (id, creation time, measured timings) left out."""
+    out: list[Any] = []
+    for line in stream.decode().splitlines():
+        if not line.startswith("data: "):
+            continue
+        data = line[len("data: "):]
+        if data == "[DONE]":
+            out.append(data)
+            continue
+        event = json.loads(data)
+        event.pop("id", None)
+        event.pop("created", None)
+        if "timings" in event:
+            event["timings"] = sorted(event["timings"])
+        out.append(event)
+    return out
+
+
+def text_of(stream: bytes) -> str:
+    return "".join(choice["delta"].get("content") or "" for event in events(stream) if isinstance(event, dict)
+                   for choice in event["choices"])
+
+
+def children(spans: list[dict[str, Any]], parent: dict[str, Any]) -> list[dict[str, Any]]:
+    return sorted((s for s in spans if s["parentSpanId"] == parent["spanId"]), key=lambda s: s["startTimeUnixNano"])
+
+
+def wait_for(predicate: Callable[[], Any], seconds: float) -> Any:
+    deadline = time.monotonic() + seconds
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.01)
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[SimProcess]:
+    with SimProcess(runtime="llama.cpp", tokens=TOKENS, token_interval=TOKEN_INTERVAL, headers_delay=HEADERS_DELAY,
+                    first_token_delay=FIRST_TOKEN_DELAY) as process:
+        yield process
+
+
+# -- the refusal rule ------------------------------------------------------------------------------
+def test_a_non_loopback_address_without_keys_is_refused_with_what_to_do() -> None:
+    done = subprocess.run([OTEL_LLM, "proxy", "--upstream", "http://127.0.0.1:9", "--listen", "0.0.0.0:8081"],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 2
+    message = done.stderr.strip()
+    assert message.startswith("otel-llm proxy: refusing to listen on 0.0.0.0:8081 without authentication"), message
+    assert "127.0.0.1" in message and "--keys FILE" in message
+    assert "listening" not in message
+    assert message in (ROOT / "docs" / "proxy.md").read_text(), "the page shows the message as printed"
+
+
+def test_which_addresses_need_keys(tmp_path: Path) -> None:
+    assert all(is_loopback(host) for host in ("127.0.0.1", "127.0.0.53", "::1", "localhost"))
+    assert not any(is_loopback(host) for host in ("0.0.0.0", "::", "192.168.1.10", "example.com", "10.0.0.1"))
+    proxy = {"role": PROXY, "upstream": "http://127.0.0.1:9"}
+    assert load_config({**proxy, "listen": "[::1]:0"}, environ={}).keys == ()
+    for listen in ("0.0.0.0:0", "[::]:8081", "192.168.1.10:8081"):
+        with pytest.raises(ConfigError, match="refusing to listen"):
+            load_config({**proxy, "listen": listen}, environ={})
+    keys = tmp_path / "keys.toml"
+    keys.write_text(f'[keys.alice]\nhash = "{format_hash(generate_key())}"\n')
+    config = load_config({**proxy, "listen": "0.0.0.0:0", "keys_file": str(keys)}, environ={})
+    assert config.authenticates and config.role == PROXY
+    # the gateway itself still needs keys, wherever it listens
+    with pytest.raises(ConfigError, match="no API keys"):
+        load_config({"upstream": "http://127.0.0.1:9", "listen": "127.0.0.1:0"}, environ={})
+    # and the role is not a setting of the gateway's config file
+    config_file = tmp_path / "gateway.toml"
+    config_file.write_text('role = "proxy"\nupstream = "http://127.0.0.1:9"\n')
+    with pytest.raises(ConfigError, match="unknown setting"):
+        load_config({"config_file": str(config_file)}, environ={})
+
+
+def test_the_callers_credentials_reach_the_runtime_only_without_keys() -> None:
+    sent = [(b"authorization", b"Bearer sk-runtime"), (b"x-api-key", b"k"), (b"x-forwarded-for", b"6.6.6.6"),
+            (b"traceparent", b"00-" + b"1" * 32 + b"-" + b"2" * 16 + b"-01"), (b"accept", b"*/*")]
+    proxied = dict(request_headers(sent, ("127.0.0.1", 5000), "http", None, authenticated=False))
+    assert proxied["authorization"] == "Bearer sk-runtime" and proxied["x-api-key"] == "k"
+    assert proxied["x-forwarded-for"] == "127.0.0.1" and "traceparent" not in proxied
+    gateway = dict(request_headers(sent, ("127.0.0.1", 5000), "http", None))
+    assert "authorization" not in gateway and "x-api-key" not in gateway
+    # a configured upstream key replaces the caller's
+    keyed = request_headers(sent, ("127.0.0.1", 5000), "http", "sk-own", authenticated=False)
+    assert [v for n, v in keyed if n == "authorization"] == ["Bearer sk-own"] and ("x-api-key", "k") not in keyed
+
+
+# -- curl through the proxy ------------------------------------------------------------------------
+@pytest.mark.slow
+def test_curl_through_the_proxy_is_recorded_as_the_model_call(sim: SimProcess, tmp_path: Path) -> None:
+    sim.reset()
+    direct, _ = curl(sim.base_url + CHAT, BODY)
+    calls = 5
+    timings = []
+    with Proxy(sim.base_url, tmp_path) as proxy:
+        received = []
+        for i in range(calls):
+            headers = [f"traceparent: {TRACEPARENT}"] if i == 0 else []
+            stream, timing = curl(proxy.url + CHAT, BODY, *headers)
+            received.append(stream)
+            timings.append(timing)
+    assert proxy.exit_code == 0, proxy.log()
+    jitter: list[float] = []
+    _, first_token, _ = raw_timeline(sim, BODY, spread=jitter)
+
+    # the bytes curl received are the runtime's: same events, same text
+    expected = "tok0" + "".join(f" tok{i}" for i in range(1, TOKENS))
+    assert text_of(direct) == expected
+    for stream, timing in zip(received, timings):
+        assert timing["status"] == 200
+        assert events(stream) == events(direct)
+        assert text_of(stream) == expected
+
+    spans = proxy.spans()
+    servers = sorted((s for s in spans if s["kind"] == KIND_SERVER), key=lambda s: s["startTimeUnixNano"])
+    call_spans = sorted((s for s in spans if s["kind"] == KIND_CLIENT), key=lambda s: s["startTimeUnixNano"])
+    assert len(servers) == len(call_spans) == calls, [s["name"] for s in spans]
+    assert {s["resource"]["service.name"] for s in spans} == {"otel-llm-proxy"}
+
+    # one model call per request, under the request's SERVER span; the first continues curl's trace
+    _, trace_id, parent_id, _ = TRACEPARENT.split("-")
+    assert servers[0]["traceId"] == trace_id and servers[0]["parentSpanId"] == parent_id
+    assert len({s["traceId"] for s in servers}) == calls, "each request without traceparent starts its own trace"
+    for server, call in zip(servers, call_spans):
+        attrs = server["attributes"]
+        assert server["name"] == f"POST {CHAT}"
+        assert attrs[sc.USER_AGENT_ORIGINAL].startswith("curl/")
+        assert attrs[sc.CLIENT_ADDRESS] == "127.0.0.1" and attrs[sc.CLIENT_PORT] > 0
+        assert attrs[sc.LLM_GATEWAY_OUTCOME] == "allowed" and attrs[sc.HTTP_RESPONSE_STATUS_CODE] == 200
+        assert sc.LLM_GATEWAY_KEY_ID not in attrs
+        # no gateway.auth or gateway.queue: the call is the SERVER span's only child
+        assert children(spans, server) == [call]
+        assert call["traceId"] == server["traceId"]
+        call_attrs = call["attributes"]
+        assert call["name"] == "chat m"
+        assert sc.LLM_GATEWAY_RELAYED not in call_attrs, "recorded as the application's own call"
+        assert call_attrs[sc.LLM_RUNTIME_NAME] == "llama.cpp"
+        assert call_attrs[sc.LLM_RUNTIME_GENERATION_TOKENS] == TOKENS
+        assert call_attrs[sc.LLM_CLIENT_CHUNKS] == TOKENS
+        assert call_attrs[sc.LLM_CLIENT_END_REASON] == "eof"
+        assert sc.LLM_DIAGNOSIS_BOTTLENECK in call_attrs
+        phases = [k["name"] for k in children(spans, call) if k["name"].startswith(("http.", "llm."))]
+        assert phases[-4:] == [sc.SPAN_UPLOAD, sc.SPAN_SERVER_WAIT, sc.SPAN_FIRST_TOKEN, sc.SPAN_DECODE], phases
+    assert sc.SPAN_CONNECT in [k["name"] for k in children(spans, call_spans[0])]  # later calls reuse it
+
+    # time to first token: the simulator's truth (seen by a raw client), within 5 ms on the median
+    setups = [sum(k["endTimeUnixNano"] - k["startTimeUnixNano"] for k in children(spans, call)
+                  if k["name"] in (sc.SPAN_DNS, sc.SPAN_CONNECT, sc.SPAN_UPLOAD)) / 1e9 for call in call_spans]
+    errors = [abs(c["attributes"][sc.LLM_CLIENT_TIME_TO_FIRST_TOKEN] - s - first_token)
+              for c, s in zip(call_spans, setups)]
+    assert abs(first_token - HEADERS_DELAY - FIRST_TOKEN_DELAY) < 0.02  # the simulator kept its timings
+    assert statistics.median(errors) <= TOLERANCE, (errors, jitter)
+    assert max(errors) <= TOLERANCE + max(jitter), (errors, jitter)
+
+    # curl got its first byte no earlier than the proxy got the runtime's and wrote it (the proxy is in
+    # between), and the proxy wrote each piece as it came: curl reads faster than tokens arrive
+    for server, call, timing in zip(servers, call_spans, timings):
+        ttfb = call["attributes"][sc.LLM_CLIENT_TIME_TO_FIRST_BYTE]
+        ttft = call["attributes"][sc.LLM_CLIENT_TIME_TO_FIRST_TOKEN]
+        written_ttfb = server["attributes"][sc.LLM_PROXY_TIME_TO_FIRST_BYTE]
+        written_ttft = server["attributes"][sc.LLM_PROXY_TIME_TO_FIRST_TOKEN]
+        assert ttfb <= written_ttfb and ttft <= written_ttft < ttft + 0.01, (ttft, written_ttft)
+        assert timing["starttransfer"] >= max(ttfb, written_ttfb) - LOOPBACK_ALLOWANCE, (timing, ttfb, written_ttfb)
+        assert timing["total"] >= written_ttft - LOOPBACK_ALLOWANCE
+        assert 0 <= server["attributes"][sc.LLM_PROXY_WRITE_WAIT] < 0.05
+
+    # and the summary line an instrumented application prints, one per call
+    summaries = [line for line in proxy.log().splitlines() if line.startswith("otel-llm  chat m")]
+    assert len(summaries) == calls, proxy.log()
+
+
+@pytest.mark.slow
+def test_a_caller_that_hangs_up_ends_the_upstream_request(sim: SimProcess, tmp_path: Path) -> None:
+    sim.reset()
+    with Proxy(sim.base_url, tmp_path) as proxy:
+        host, port = proxy.url.removeprefix("http://").rsplit(":", 1)
+        payload = json.dumps(BODY).encode()
+        with socket.create_connection((host, int(port)), timeout=10) as conn:
+            # 300 tokens, 6 s if read to the end
+            conn.sendall(f"POST {CHAT} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: hangs-up/1\r\n"
+                         "x-sim-tokens: 300\r\nx-sim-token-interval: 0.02\r\n"
+                         f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n".encode() + payload)
+            received = b""
+            while received.count(b'"content":" tok') < 3:
+                chunk = conn.recv(65536)
+                assert chunk, received
+                received += chunk
+            assert sim.stats()["in_flight"] == 1
+        closed = time.monotonic()
+        assert wait_for(lambda: sim.stats()["in_flight"] == 0, 1.0), "the runtime kept generating"
+        assert time.monotonic() - closed < 1.0
+        assert sim.stats()["disconnects"] == 1
+        # the proxy is still in shape: the next call goes through whole
+        stream, timing = curl(proxy.url + CHAT, BODY)
+        assert timing["status"] == 200 and text_of(stream).endswith(f" tok{TOKENS - 1}")
+    spans = proxy.spans()
+    server = next(s for s in spans
+                  if s["kind"] == KIND_SERVER and s["attributes"].get(sc.USER_AGENT_ORIGINAL) == "hangs-up/1")
+    assert server["attributes"][sc.LLM_GATEWAY_OUTCOME] == "client_closed"
+    assert server["attributes"][sc.HTTP_RESPONSE_STATUS_CODE] == 200  # the head had been sent
+    (call,) = children(spans, server)
+    assert call["attributes"][sc.LLM_CLIENT_END_REASON] in ("cancelled", "closed")
+    assert 3 <= call["attributes"][sc.LLM_CLIENT_CHUNKS] < 300
+
+
+@pytest.mark.slow
+def test_a_slow_reader_shows_as_write_wait(sim: SimProcess, tmp_path: Path) -> None:
+    """A caller that reads nothing for a second while 4.5 MB of tokens arrive: the proxy's writes
+    wait for it (and the upstream read with them), and the SERVER span says how long."""
+    with Proxy(sim.base_url, tmp_path) as proxy:
+        host, port = proxy.url.removeprefix("http://").rsplit(":", 1)
+        payload = json.dumps(BODY).encode()
+        with socket.socket() as conn:
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)  # before connecting: the window
+            conn.connect((host, int(port)))
+            conn.sendall(f"POST {CHAT} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: slow-reader/1\r\n"
+                         "x-sim-tokens: 20000\r\nx-sim-token-interval: 0\r\nConnection: close\r\n"
+                         f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n".encode() + payload)
+            time.sleep(1.0)
+            received = b""
+            while chunk := conn.recv(1 << 20):
+                received += chunk
+    # all of it, to the end of the stream (the count allows for HTTP chunk framing cutting a token)
+    assert len(received) > 4_000_000 and received.count(b" tok19999") == 1 and received.endswith(b"0\r\n\r\n")
+    server = next(s for s in proxy.spans() if s["kind"] == KIND_SERVER)
+    attrs = server["attributes"]
+    assert attrs[sc.USER_AGENT_ORIGINAL] == "slow-reader/1" and attrs[sc.LLM_GATEWAY_OUTCOME] == "allowed"
+    assert 0.5 <= attrs[sc.LLM_PROXY_WRITE_WAIT] <= (server["endTimeUnixNano"] - server["startTimeUnixNano"]) / 1e9
+    assert attrs[sc.LLM_PROXY_TIME_TO_FIRST_TOKEN] < 0.5  # the first token was written before the caller stalled
+
+
+@pytest.mark.slow
+def test_the_gateways_edge_limits_hold(sim: SimProcess, tmp_path: Path) -> None:
+    with Proxy(sim.base_url, tmp_path, "--max-body-bytes", "1000") as proxy:
+        _, big_body = curl(proxy.url + CHAT, {**BODY, "pad": "x" * 2000})
+        _, big_head = curl(proxy.url + CHAT, BODY, "x-pad: " + "y" * 40_000)
+        _, fine = curl(proxy.url + CHAT, BODY)
+    assert (big_body["status"], big_head["status"], fine["status"]) == (413, 431, 200)
+
+
+@pytest.mark.slow
+def test_with_keys_callers_must_present_one(sim: SimProcess, tmp_path: Path) -> None:
+    key = generate_key()
+    keys = tmp_path / "keys.toml"
+    keys.write_text(f'[keys.app]\nhash = "{format_hash(key)}"\n')
+    with Proxy(sim.base_url, tmp_path, "--keys", str(keys)) as proxy:
+        _, denied = curl(proxy.url + CHAT, BODY)
+        stream, allowed = curl(proxy.url + CHAT, BODY, f"authorization: Bearer {key}")
+    assert (denied["status"], allowed["status"]) == (401, 200)
+    assert key not in proxy.traces.read_text()
+    spans = proxy.spans()
+    server = next(s for s in spans if s["kind"] == KIND_SERVER and s["attributes"].get(sc.LLM_GATEWAY_KEY_ID) == "app")
+    names = [k["name"] for k in children(spans, server)]
+    assert names == [sc.SPAN_GATEWAY_AUTH, sc.SPAN_GATEWAY_QUEUE, "chat m"]
+    call = children(spans, server)[-1]
+    assert sc.LLM_GATEWAY_RELAYED not in call["attributes"]  # still the model call itself
+
+
+NODE_CLIENT = """
+const [url, body] = process.argv.slice(1);
+const response = await fetch(url, {method: "POST", headers: {"content-type": "application/json"}, body});
+let text = "";
+for await (const piece of response.body) text += Buffer.from(piece).toString();
+process.stdout.write(text);
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs Node.js")
+def test_a_nodejs_client_gets_the_same_trace(sim: SimProcess, tmp_path: Path) -> None:
+    """Another language's own HTTP client (Node's fetch, undici): the same call span as curl's."""
+    with Proxy(sim.base_url, tmp_path) as proxy:
+        done = subprocess.run(["node", "--input-type=module", "-e", NODE_CLIENT, "--", proxy.url + CHAT,
+                               json.dumps(BODY)], capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert text_of(done.stdout) == "tok0" + "".join(f" tok{i}" for i in range(1, TOKENS))
+    spans = proxy.spans()
+    (server,) = [s for s in spans if s["kind"] == KIND_SERVER]
+    (call,) = children(spans, server)
+    assert server["attributes"][sc.USER_AGENT_ORIGINAL] == "node"
+    assert call["name"] == "chat m" and call["attributes"][sc.LLM_CLIENT_CHUNKS] == TOKENS
+    assert call["attributes"][sc.LLM_RUNTIME_NAME] == "llama.cpp" and sc.LLM_GATEWAY_RELAYED not in call["attributes"]
