@@ -139,3 +139,26 @@ def test_per_request_metrics_are_the_native_counters_and_match_vllms_span(
     assert sc.GEN_AI_USAGE_OUTPUT_TOKENS not in attrs
     assert traced.children(without, synthesized=True) == []
     assert sc.LLM_CLIENT_TIME_TO_FIRST_TOKEN in attrs
+
+
+def test_diagnose_records_vllms_own_figures(vllm: VllmServer, tmp_path: Any) -> None:
+    """``otel-llm diagnose`` streams with ``include_usage``, so against this vLLM each warm trial's
+    record carries vLLM's queue time, prefill and generation rate."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.helpers_servers import clean_env
+
+    done = subprocess.run([sys.executable, "-m", "otel_llm.tools.main", "diagnose", vllm.base_url, "--model", MODEL,
+                           "--quick", "--json", "diagnose.json"], capture_output=True, text=True, timeout=600,
+                          cwd=tmp_path, env=clean_env(OTEL_LLM_TRACES_FILE=str(tmp_path / "traces.jsonl")))
+    assert done.returncode == 0, done.stdout + done.stderr
+    target = json.loads((tmp_path / "diagnose.json").read_text())["targets"][0]
+    warm = [t for t in target["warm"] if t["error"] is None]
+    assert warm, target["warm"]
+    for trial in warm:
+        assert trial["runtime"] == "vllm"
+        assert trial["queue"] is not None and trial["prompt_eval"] > 0 and trial["native_rate"] > 0, trial
+        assert trial["unaccounted_wait"] is not None
+    assert "native " in done.stdout  # each trial's line gives the runtime's rate beside the client's
