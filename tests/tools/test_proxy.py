@@ -395,3 +395,56 @@ def test_a_nodejs_client_gets_the_same_trace(sim: SimProcess, tmp_path: Path) ->
     assert server["attributes"][sc.USER_AGENT_ORIGINAL] == "node"
     assert call["name"] == "chat m" and call["attributes"][sc.LLM_CLIENT_CHUNKS] == TOKENS
     assert call["attributes"][sc.LLM_RUNTIME_NAME] == "llama.cpp" and sc.LLM_GATEWAY_RELAYED not in call["attributes"]
+
+
+# -- --stream-usage -------------------------------------------------------------------------------
+@pytest.mark.parametrize("method, path, body, asked", [
+    ("POST", CHAT, {"stream": True}, True),
+    ("POST", "/v1/completions", {"stream": True, "stream_options": {}}, True),
+    ("POST", CHAT, {"stream": True, "stream_options": {"include_usage": False}}, None),  # the caller chose
+    ("POST", CHAT, {"stream": False}, None),
+    ("POST", CHAT, {}, None),
+    ("POST", "/api/chat", {"stream": True}, None),  # Ollama's own API: not OpenAI's option
+    ("GET", CHAT, {"stream": True}, None),
+    ("POST", CHAT, {"stream": True, "stream_options": "x"}, None),
+])
+def test_stream_usage_asks_only_openai_streams_that_did_not_choose(method: str, path: str, body: dict[str, Any],
+                                                                   asked: bool | None) -> None:
+    from otel_llm.tools.gateway.rewrite import with_stream_usage
+
+    rewritten = with_stream_usage(method, path, json.dumps({"model": "m", **body}).encode())
+    if asked is None:
+        assert rewritten is None
+    else:
+        assert rewritten is not None
+        payload = json.loads(rewritten)
+        assert payload["stream_options"] == {"include_usage": True} and payload["model"] == "m"
+    assert with_stream_usage("POST", CHAT, b"not json") is None and with_stream_usage("POST", CHAT, b"[1]") is None
+
+
+@pytest.mark.slow
+def test_stream_usage_on_brings_the_usage_chunk_to_the_call_and_the_caller(sim: SimProcess, tmp_path: Path) -> None:
+    """Off by default: the stream is relayed as asked. On: the runtime is asked for its usage chunk,
+    which the caller receives too (one more event before [DONE])."""
+    sim.reset()
+    (tmp_path / "off").mkdir()
+    (tmp_path / "on").mkdir()
+    with Proxy(sim.base_url, tmp_path / "off") as proxy:
+        plain, _ = curl(proxy.url + CHAT, BODY)
+    with Proxy(sim.base_url, tmp_path / "on", "--stream-usage", "on") as proxy:
+        asked, _ = curl(proxy.url + CHAT, BODY)
+    assert not any(isinstance(e, dict) and e.get("usage") for e in events(plain))
+    usage = [e for e in events(asked) if isinstance(e, dict) and e.get("usage")]
+    assert len(usage) == 1 and usage[0]["choices"] == [] and usage[0]["usage"]["completion_tokens"] == TOKENS
+    assert text_of(asked) == text_of(plain)
+    calls = [s for s in proxy.spans() if s["kind"] == 3]
+    assert len(calls) == 1 and calls[0]["attributes"][sc.GEN_AI_USAGE_OUTPUT_TOKENS] == TOKENS
+
+
+def test_a_bad_stream_usage_value_is_refused_with_its_name() -> None:
+    from otel_llm.tools.gateway.settings import ConfigError, load_config
+
+    assert load_config({"upstream": "http://127.0.0.1:1", "keys_file": None, "role": "proxy",
+                        "stream_usage": "on"}, environ={}).stream_usage is True
+    with pytest.raises(ConfigError, match="stream_usage must be on or off"):
+        load_config({"upstream": "http://127.0.0.1:1", "role": "proxy", "stream_usage": "maybe"}, environ={})

@@ -36,6 +36,7 @@ from otel_llm.tools.gateway.settings import PROXY, GatewayConfig, KeyPolicy
 from otel_llm.tools.gateway.limits import Admission, KeyLimits, Rejected
 from otel_llm.tools.gateway.proxy import request_headers, response_headers
 from otel_llm.tools.gateway.refusals import REFUSED_OUTCOMES, RefusalLimiter
+from otel_llm.tools.gateway.rewrite import with_stream_usage
 from otel_llm.tools.gateway.telemetry import Exchange, GatewayTelemetry
 from otel_llm.tools.gateway.upstream import Response, Upstream
 
@@ -230,6 +231,8 @@ class Gateway:
         target = raw_path + b"?" + query if query else raw_path
         headers = request_headers(scope["headers"], exchange.client, scope.get("scheme", "http"), self._upstream_key,
                                   self.authenticates)
+        if self.config.stream_usage:
+            body = with_stream_usage(exchange.method, exchange.path, body) or body
         exchange.upstream_start = _perf_ns()
         try:
             # A kept-alive connection the runtime had just closed (llama-server does this) is

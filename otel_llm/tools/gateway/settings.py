@@ -60,6 +60,7 @@ ENV_VARS: dict[str, str] = {  # setting -> environment variable (README table)
     "refusal_burst": "OTEL_LLM_GATEWAY_REFUSAL_BURST",
     "access_log_max_bytes": "OTEL_LLM_GATEWAY_ACCESS_LOG_MAX_BYTES",
     "access_log_backups": "OTEL_LLM_GATEWAY_ACCESS_LOG_BACKUPS",
+    "stream_usage": "OTEL_LLM_GATEWAY_STREAM_USAGE",
 }
 _KEY_FIELDS = {"hash", "routes", "models", "rate", "burst", "max_concurrency"}
 
@@ -105,6 +106,8 @@ class GatewayConfig:
     refusal_burst: int = 20  # refused requests at once above that rate
     access_log_max_bytes: int = 100 * 1024 * 1024  # an access log file is rotated past this size (0: never)
     access_log_backups: int = 1  # previous access log files kept
+    # add stream_options.include_usage to OpenAI-compatible streams that do not ask (rewrite.py)
+    stream_usage: bool = False
     # "proxy" (``otel-llm proxy``): the upstream call is the model call itself, not a relayed hop;
     # without keys there is no authentication, no queue, and only a loopback address may be used
     role: str = GATEWAY
@@ -168,6 +171,17 @@ def _read_toml(path: str) -> dict[str, Any]:
 _INTS = {"max_concurrency", "max_queue", "max_body_bytes", "max_connections", "max_connections_per_client",
          "refusal_burst", "access_log_max_bytes", "access_log_backups"}
 _FLOATS = {"max_queue_wait", "upstream_timeout", "header_timeout", "body_timeout", "idle_timeout", "refusal_rate"}
+_BOOLS = {"stream_usage"}
+_TRUE, _FALSE = {"true", "on", "yes", "1"}, {"false", "off", "no", "0"}
+
+
+def _boolean(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text not in _TRUE | _FALSE:
+        raise ConfigError(f"{name} must be on or off, got {value!r}")
+    return text in _TRUE
 
 
 def _coerce(raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -176,6 +190,9 @@ def _coerce(raw: Mapping[str, Any]) -> dict[str, Any]:
     for name, value in raw.items():
         if name not in known:
             raise ConfigError(f"unknown setting {name!r}")
+        if name in _BOOLS:
+            out[name] = _boolean(name, value)
+            continue
         try:
             if name in _INTS:
                 value = int(value)
