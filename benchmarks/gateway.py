@@ -1,45 +1,203 @@
 """Time to first byte that ``otel-llm gateway`` adds in front of a model server, and the gateway's
-CPU per request.
+CPU per request; side by side with ``otel-llm proxy`` and Debian's nginx.
 
-One run, on loopback: the simulator in one process (zero injected delays, a few tokens), the
-gateway (the real CLI, default telemetry: spans to a JSON-lines file in a temporary directory,
-access log to a file) in another, this client in a third. Requests go directly to the simulator
-and through the gateway alternately (the order flips every pair), each over its own kept-alive
-raw socket with TCP_NODELAY, so no HTTP client library sits in the measurement. Time to first
-byte is from the moment the request was written to the first byte of the response head.
+One run, on loopback: the simulator in one process (zero injected delays), each relay in its own
+process in front of it, this client in another. The relays: the gateway (the real CLI, default
+telemetry: spans to a JSON-lines file in a temporary directory, access log to a file), the proxy
+(the real CLI, the same span file, its summary line per call to a log file) and nginx with a plain
+``proxy_pass`` (``proxy_buffering off``, HTTP/1.1 with kept-alive upstream connections, no access
+log; left out when ``/usr/sbin/nginx`` is missing or with ``--relays``). Requests go directly to
+the simulator and through each relay in turn, the order rotating every round, each over its own
+kept-alive raw socket with TCP_NODELAY, so no HTTP client library sits in the measurement. Time to
+first byte is from the moment the request was written to the first byte of the response head.
 Workloads: non-streamed chat calls, and small streamed chat calls (TTFB is the response head;
 the whole stream is read before the next request).
 
-The "added" figures are the median (p90) through the gateway minus the median (p90) direct;
-"paired" is the median of per-pair differences. "complete answer" is the median time until the
+The "added" figures are the median (p90) through a relay minus the median (p90) direct;
+"paired" is the median of per-round differences. "complete answer" is the median time until the
 whole answer was read: a relay whose writes wait for TCP acknowledgements (Nagle with delayed
 ACKs) shows there as ~40 ms, as the client here, like an SDK in a loop, sends its next request
-right after the last answer. Gateway CPU per request is the gateway process's user+system CPU
-(psutil, all threads: span export and access log included) over the measured requests, divided
-by their number. Run it on a quiet machine: other processes on the same cores add to every figure.
+right after the last answer. CPU per request is the relay's CPU time (the run time of all its
+threads, from ``/proc/PID/task/*/schedstat`` in nanoseconds: span export and access log included;
+nginx: its master and worker processes) over the measured requests, divided by their number. CPU per streamed token is the same over a run of long
+streams (``--long-tokens`` tokens each, one chunk per token, the relays in turn), divided by the
+tokens relayed. Run it on a quiet machine: other processes on the same cores add to every figure.
 
-    python benchmarks/gateway.py [--requests 300] [--tokens 8] [--quick]
+    python benchmarks/gateway.py [--requests 300] [--tokens 8] [--quick] [--relays gateway,proxy,nginx]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from otel_llm.tools.gateway.process import GatewayProcess
+from otel_llm.tools.process import terminate
 from otel_llm.tools.sim import SimProcess
 
 TARGET_ADDED_MEDIAN_MS = 1.0
+PROXY_TARGET_ADDED_MEDIAN_MS = 0.5
 PATH = "/v1/chat/completions"
+NGINX = "/usr/sbin/nginx"
+RELAYS = ("gateway", "proxy", "nginx")
+_LISTENING = re.compile(r"listening on (?P<url>http://\S+)")
+_NGINX_CONF = """worker_processes 1;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log warn;
+events {{ worker_connections 512; }}
+http {{
+    access_log off;
+    client_body_temp_path {dir}/body;
+    proxy_temp_path {dir}/proxy;
+    fastcgi_temp_path {dir}/fastcgi;
+    uwsgi_temp_path {dir}/uwsgi;
+    scgi_temp_path {dir}/scgi;
+    upstream model {{
+        server 127.0.0.1:{upstream};
+        keepalive 16;
+    }}
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            proxy_pass http://model;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+        }}
+    }}
+}}
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Relay:
+    """A relay in its own process(es): where to send requests, the headers it needs, its CPU."""
+
+    name = ""
+    port = 0
+    headers: dict[str, str] = {}
+
+    def processes(self) -> list[psutil.Process]:
+        raise NotImplementedError
+
+    def cpu(self) -> float:
+        """CPU seconds of all its processes' threads so far (see ``_cpu_seconds``)."""
+        return sum(_cpu_seconds(proc) for proc in self.processes())
+
+
+def _cpu_seconds(proc: psutil.Process) -> float:
+    """The process's CPU time: the sum of its threads' run time from ``/proc/PID/task/*/schedstat``
+    (nanoseconds; ``/proc/PID/stat`` counts whole 10 ms ticks, too coarse for nginx's share of a
+    run), else psutil's user + system."""
+    total = 0
+    try:
+        for task in os.scandir(f"/proc/{proc.pid}/task"):
+            with open(f"{task.path}/schedstat") as stat:
+                total += int(stat.read().split()[0])
+        return total / 1e9
+    except (OSError, ValueError, IndexError):
+        times = proc.cpu_times()
+        return float(times.user + times.system)
+
+
+class GatewayRelay(Relay):
+    name = "gateway"
+
+    def __init__(self, gateway: GatewayProcess) -> None:
+        self.port = int(gateway.url.rsplit(":", 1)[1])
+        self.headers = gateway.headers()
+        self._proc = psutil.Process(gateway.pid)
+
+    def processes(self) -> list[psutil.Process]:
+        return [self._proc]
+
+
+class ProxyRelay(Relay):
+    """``otel-llm proxy`` without keys (loopback), its output to a log file."""
+
+    name = "proxy"
+
+    def __init__(self, upstream: str, env: dict[str, str], scratch: Path) -> None:
+        self.log_path = scratch / "proxy.log"
+        command = [sys.executable, "-m", "otel_llm.tools.main", "proxy", "--upstream", upstream,
+                   "--listen", "127.0.0.1:0"]
+        root = str(Path(__file__).resolve().parents[1])
+        child_env = {**os.environ, **env, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+        with open(self.log_path, "wb") as log:
+            self._popen = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                           env=child_env)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            match = _LISTENING.search(self.log_path.read_text(errors="replace"))
+            if match:
+                self.port = int(match["url"].rsplit(":", 1)[1])
+                self._proc = psutil.Process(self._popen.pid)
+                return
+            if self._popen.poll() is not None:
+                break
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"the proxy did not start:\n{self.log_path.read_text(errors='replace')}")
+
+    def processes(self) -> list[psutil.Process]:
+        return [self._proc]
+
+    def stop(self) -> None:
+        terminate(self._popen, 10.0)
+
+
+class NginxRelay(Relay):
+    """Debian's nginx, one worker, in its own prefix under ``scratch``."""
+
+    name = "nginx"
+
+    def __init__(self, upstream_port: int, scratch: Path) -> None:
+        self.port = _free_port()
+        self.dir = scratch / "nginx"
+        self.dir.mkdir()
+        (self.dir / "nginx.conf").write_text(_NGINX_CONF.format(dir=self.dir, upstream=upstream_port, port=self.port))
+        log = open(self.dir / "stderr.log", "wb")
+        self._popen = subprocess.Popen([NGINX, "-p", str(self.dir), "-c", str(self.dir / "nginx.conf"),
+                                        "-g", "daemon off;"], stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        log.close()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self._popen.poll() is not None:
+                break
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                self._master = psutil.Process(self._popen.pid)
+                return
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        logs = [(self.dir / name).read_text(errors="replace") for name in ("stderr.log", "error.log")
+                if (self.dir / name).exists()]
+        raise RuntimeError("nginx did not start:\n" + "\n".join(logs))
+
+    def processes(self) -> list[psutil.Process]:
+        return [self._master, *self._master.children(recursive=True)]
+
+    def stop(self) -> None:
+        terminate(self._popen, 10.0)
 
 
 class RawConnection:
@@ -107,53 +265,117 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-def measure(sim: SimProcess, gateway: GatewayProcess, body: bytes, requests: int,
-            warmup: int) -> dict[str, Any]:
-    """Interleaved direct / gateway requests; TTFB lists in seconds and the gateway's CPU."""
-    direct = RawConnection(sim.port)
-    via = RawConnection(int(gateway.url.rsplit(":", 1)[1]), gateway.headers())
-    proc = psutil.Process(gateway.pid)
+def measure(sim: SimProcess, relays: list[Relay], body: bytes, requests: int, warmup: int) -> dict[str, Any]:
+    """Rounds of one request direct and one through each relay, the order rotating each round;
+    TTFB and complete-answer lists in seconds, by way, and each relay's CPU per request."""
+    ways: dict[str, RawConnection] = {"direct": RawConnection(sim.port)}
+    for relay in relays:
+        ways[relay.name] = RawConnection(relay.port, relay.headers)
+    names = list(ways)
     try:
         for _ in range(warmup):
-            direct.request(body)
-            via.request(body)
-        ttfb: dict[str, list[float]] = {"direct": [], "gateway": []}
-        complete: dict[str, list[float]] = {"direct": [], "gateway": []}
-        cpu_before = proc.cpu_times()
+            for connection in ways.values():
+                connection.request(body)
+        ttfb: dict[str, list[float]] = {name: [] for name in names}
+        complete: dict[str, list[float]] = {name: [] for name in names}
+        cpu_before = {relay.name: relay.cpu() for relay in relays}
         for index in range(requests):
-            order = (("direct", direct), ("gateway", via))
-            for name, connection in order if index % 2 == 0 else order[::-1]:
-                first, whole, status = connection.request(body)
+            shift = index % len(names)
+            for name in names[shift:] + names[:shift]:
+                first, whole, status = ways[name].request(body)
                 if status != 200:
                     raise RuntimeError(f"{name} request answered {status}")
                 ttfb[name].append(first)
                 complete[name].append(whole)
-        cpu_after = proc.cpu_times()
+        cpu = {relay.name: (relay.cpu() - cpu_before[relay.name]) / requests for relay in relays}
     finally:
-        direct.close()
-        via.close()
-    cpu = (cpu_after.user - cpu_before.user) + (cpu_after.system - cpu_before.system)
-    return {**ttfb, "complete": complete, "cpu_per_request": cpu / requests}
+        for connection in ways.values():
+            connection.close()
+    return {"ttfb": ttfb, "complete": complete, "cpu_per_request": cpu}
+
+
+def measure_tokens(sim: SimProcess, relays: list[Relay], body: bytes, tokens: int, streams: int) -> dict[str, float]:
+    """Long streams through each relay in turn (the order rotating); each relay's CPU seconds over
+    the whole run (what its threads did meanwhile included) per streamed token."""
+    ways = {relay.name: RawConnection(relay.port, relay.headers) for relay in relays}
+    try:
+        for connection in ways.values():  # warm-up
+            connection.request(body)
+        before = {relay.name: relay.cpu() for relay in relays}
+        for index in range(streams):
+            shift = index % len(relays)
+            for relay in relays[shift:] + relays[:shift]:
+                status = ways[relay.name].request(body)[2]
+                if status != 200:
+                    raise RuntimeError(f"{relay.name} long stream answered {status}")
+        cpu = {relay.name: relay.cpu() - before[relay.name] for relay in relays}
+    finally:
+        for connection in ways.values():
+            connection.close()
+    return {name: seconds / (streams * tokens) for name, seconds in cpu.items()}
+
+
+def _rows(result: dict[str, Any], what: str) -> dict[str, list[float]]:
+    return {k: [v * 1e3 for v in values] for k, values in result[what].items()}
 
 
 def report(name: str, result: dict[str, Any]) -> bool:
-    rows = {"TTFB": {k: [v * 1e3 for v in result[k]] for k in ("direct", "gateway")},
-            "complete answer": {k: [v * 1e3 for v in result["complete"][k]] for k in ("direct", "gateway")}}
-    print(f"{name} ({len(result['direct'])} requests each way)")
-    print(f"  {'':28s} {'median':>9s} {'p90':>9s}")
-    added = {}
+    rows = {"TTFB": _rows(result, "ttfb"), "complete answer": _rows(result, "complete")}
+    print(f"{name} ({len(result['ttfb']['direct'])} requests each way)")
+    print(f"  {'':32s} {'median':>9s} {'p90':>9s}")
+    added: dict[str, dict[str, tuple[float, float]]] = {}
+    relays = [way for way in result["ttfb"] if way != "direct"]
     for what, ms in rows.items():
         med = {k: statistics.median(v) for k, v in ms.items()}
         p90 = {k: percentile(v, 0.9) for k, v in ms.items()}
-        paired = statistics.median(g - d for g, d in zip(ms["gateway"], ms["direct"]))
-        added[what] = med["gateway"] - med["direct"]
-        print(f"  {'direct ' + what:28s} {med['direct']:7.3f}ms {p90['direct']:7.3f}ms")
-        print(f"  {'via gateway ' + what:28s} {med['gateway']:7.3f}ms {p90['gateway']:7.3f}ms")
-        print(f"  {'added ' + what:28s} {added[what]:7.3f}ms {p90['gateway'] - p90['direct']:7.3f}ms"
-              f"   (paired median {paired:.3f}ms)")
-    print(f"  gateway CPU per request: {result['cpu_per_request'] * 1e3:.3f} ms")
-    passed = added["TTFB"] <= TARGET_ADDED_MEDIAN_MS
-    print(f"  target: added median TTFB <= {TARGET_ADDED_MEDIAN_MS:g} ms on loopback: {'PASS' if passed else 'MISS'}")
+        added[what] = {}
+        print(f"  {'direct ' + what:32s} {med['direct']:7.3f}ms {p90['direct']:7.3f}ms")
+        for relay in relays:
+            paired = statistics.median(g - d for g, d in zip(ms[relay], ms["direct"]))
+            added[what][relay] = (med[relay] - med["direct"], p90[relay] - p90["direct"])
+            # the gateway's lines keep their original wording ("added TTFB")
+            label = "added " + what if relay == "gateway" else f"added by {relay} " + what
+            print(f"  {'via ' + relay + ' ' + what:32s} {med[relay]:7.3f}ms {p90[relay]:7.3f}ms")
+            print(f"  {label:32s} {added[what][relay][0]:7.3f}ms {added[what][relay][1]:7.3f}ms"
+                  f"   (paired median {paired:.3f}ms)")
+    result["added_ttfb"] = added["TTFB"]
+    for relay in relays:
+        print(f"  {relay} CPU per request: {result['cpu_per_request'][relay] * 1e3:.3f} ms")
+    passed = True
+    if "gateway" in relays:
+        passed = added["TTFB"]["gateway"][0] <= TARGET_ADDED_MEDIAN_MS
+        print(f"  target: added median TTFB <= {TARGET_ADDED_MEDIAN_MS:g} ms on loopback: {'PASS' if passed else 'MISS'}")
+    return passed
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.1f}x" if b > 0 else "n/a"
+
+
+def summary(results: dict[str, dict[str, Any]], per_token: dict[str, float], long_tokens: int, streams: int) -> bool:
+    """The relays side by side; the proxy's target and its ratios to nginx's."""
+    relays = [r for r in RELAYS if r in next(iter(results.values()))["added_ttfb"]]
+    workloads = list(results)
+    print(f"side by side: TTFB added, median / p90 (ms); CPU per streamed token (us, {streams} streams of "
+          f"{long_tokens} tokens per relay)")
+    print(f"  {'relay':8s}" + "".join(f" {w:>19s}" for w in workloads) + f" {'CPU/token':>10s}")
+    for relay in relays:
+        cells = "".join(f" {results[w]['added_ttfb'][relay][0]:9.3f} / {results[w]['added_ttfb'][relay][1]:5.3f}"
+                        for w in workloads)
+        print(f"  {relay:8s}{cells} {per_token[relay] * 1e6:10.2f}")
+    if "proxy" not in relays:
+        return True
+    proxy = {w: results[w]["added_ttfb"]["proxy"][0] for w in workloads}
+    passed = all(v <= PROXY_TARGET_ADDED_MEDIAN_MS for v in proxy.values())
+    if "nginx" in relays:
+        nginx = {w: results[w]["added_ttfb"]["nginx"][0] for w in workloads}
+        ratios = ", ".join(f"{w} {_ratio(proxy[w], nginx[w])}" for w in workloads)
+        print(f"  proxy / nginx: added median TTFB {ratios}; CPU per streamed token "
+              f"{_ratio(per_token['proxy'], per_token['nginx'])}")
+    else:
+        print("  proxy / nginx: n/a (nginx left out)")
+    print(f"  target: proxy's added median TTFB <= {PROXY_TARGET_ADDED_MEDIAN_MS:g} ms on loopback: "
+          f"{'PASS' if passed else 'MISS'}")
     return passed
 
 
@@ -161,27 +383,56 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=300, help="measured requests per way and workload")
     parser.add_argument("--tokens", type=int, default=8, help="tokens per answer")
-    parser.add_argument("--quick", action="store_true", help="60 requests, short warm-up (smoke run)")
+    parser.add_argument("--long-tokens", type=int, default=256, help="tokens per long stream (CPU per token)")
+    parser.add_argument("--streams", type=int, default=40, help="long streams per relay")
+    parser.add_argument("--quick", action="store_true", help="60 requests, 10 long streams, short warm-up (smoke run)")
+    parser.add_argument("--relays", default=",".join(RELAYS),
+                        help="which relays to measure beside direct (default: all; nginx only where installed)")
     parser.add_argument("--max-concurrency", type=int, default=64, help="gateway upstream slots")
     args = parser.parse_args(argv)
-    requests, warmup = (60, 10) if args.quick else (args.requests, 30)
+    requests, warmup, streams = (60, 10, 10) if args.quick else (args.requests, 30, args.streams)
+    wanted = [r.strip() for r in args.relays.split(",") if r.strip()]
+    unknown = set(wanted) - set(RELAYS)
+    if unknown:
+        parser.error(f"unknown relay(s) {', '.join(sorted(unknown))}: choose from {', '.join(RELAYS)}")
+    if "nginx" in wanted and not os.path.exists(NGINX):
+        print(f"nginx: {NGINX} is missing (apt-get install nginx-light): left out", file=sys.stderr)
+        wanted.remove("nginx")
     chat = {"model": "sim-model", "max_tokens": args.tokens, "messages": [{"role": "user", "content": "hi"}]}
     workloads = {
         "non-streamed chat": json.dumps(chat).encode(),
         "streamed chat": json.dumps({**chat, "stream": True}).encode(),
     }
-    with tempfile.TemporaryDirectory(prefix="otel-llm-gateway-bench-") as scratch:
+    long_stream = json.dumps({**chat, "max_tokens": args.long_tokens, "stream": True}).encode()
+    with tempfile.TemporaryDirectory(prefix="otel-llm-gateway-bench-") as scratch, ExitStack() as running:
         env = {"OTEL_LLM_HOST_METRICS": "false", "OTEL_LLM_RUNTIME_METRICS": "false",
                "OTEL_LLM_TRACES_FILE": str(Path(scratch) / "traces.jsonl")}
-        with SimProcess(runtime="openai", headers_delay=0.0, first_token_delay=0.0, token_interval=0.0,
-                        tokens=args.tokens) as sim, \
-                GatewayProcess(sim.base_url, env=env, max_concurrency=args.max_concurrency) as gateway:
-            results = {}
-            for name, body in workloads.items():
-                results[name] = measure(sim, gateway, body, requests, warmup)
-                print(f"{name} done", file=sys.stderr)
+        sim = running.enter_context(SimProcess(runtime="openai", headers_delay=0.0, first_token_delay=0.0,
+                                               token_interval=0.0, tokens=max(args.tokens, args.long_tokens)))
+        relays: list[Relay] = []
+        for name in (r for r in RELAYS if r in wanted):
+            if name == "gateway":
+                gateway = running.enter_context(GatewayProcess(sim.base_url, env=env,
+                                                               max_concurrency=args.max_concurrency))
+                relays.append(GatewayRelay(gateway))
+            elif name == "proxy":
+                proxy = ProxyRelay(sim.base_url, env, Path(scratch))
+                running.callback(proxy.stop)
+                relays.append(proxy)
+            else:
+                nginx = NginxRelay(sim.port, Path(scratch))
+                running.callback(nginx.stop)
+                relays.append(nginx)
+        results = {}
+        for name, body in workloads.items():
+            results[name] = measure(sim, relays, body, requests, warmup)
+            print(f"{name} done", file=sys.stderr)
+        per_token = measure_tokens(sim, relays, long_stream, args.long_tokens, streams) if relays else {}
+        print("long streams done", file=sys.stderr)
     print(f"loopback, {psutil.cpu_count()} CPU(s), {requests} measured requests per way and workload")
     passed = [report(name, result) for name, result in results.items()]
+    if relays:
+        passed.append(summary(results, per_token, args.long_tokens, streams))
     print(f"overall: {'PASS' if all(passed) else 'MISS'}")
     return 0
 

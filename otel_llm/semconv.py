@@ -249,7 +249,8 @@ LLM_GATEWAY_QUEUE_WAIT = "llm.gateway.queue.wait"  # also the metric
 LLM_GATEWAY_UPSTREAM_FIRST_BYTE = "llm.gateway.upstream.time_to_first_byte"
 LLM_GATEWAY_RESPONSE_BYTES = "llm.gateway.response_bytes"
 # On the gateway's own model calls (span and metrics): the call relays a request the gateway
-# received, whose caller may have recorded the same call; fleet-wide sums leave these out.
+# received, whose caller recorded the same call itself (its baggage says otel_llm.recorded=1);
+# fleet-wide sums leave these out. Absent when the caller records nothing: counted from the gateway.
 LLM_GATEWAY_RELAYED = "llm.gateway.relayed"
 # On the proxy's SERVER span (otel-llm proxy): the caller's side of the relay, from the request's arrival
 LLM_PROXY_TIME_TO_FIRST_BYTE = "llm.proxy.time_to_first_byte"

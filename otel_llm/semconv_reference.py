@@ -376,8 +376,9 @@ ENTRIES: tuple[Name, ...] = (
           "until the runtime's first byte."),
     _attr("LLM_GATEWAY_RESPONSE_BYTES", "int", "By", "otel_llm", f"{_GATEWAY}: bytes sent back to the caller."),
     _attr("LLM_GATEWAY_RELAYED", "boolean", "", "otel_llm", "On the gateway's own upstream call span and its "
-          "metrics: `true`, the call relays a request whose caller may have recorded the same call (fleet-wide "
-          "sums leave these out)."),
+          "metrics: `true`, the call relays a request whose caller recorded the same call itself (its baggage "
+          "has `otel_llm.recorded=1`; fleet-wide sums leave these out). Absent on a call from a caller that "
+          "records nothing (curl): the gateway's record is the call's only one."),
     _attr("LLM_PROXY_TIME_TO_FIRST_BYTE", "double", "s", "otel_llm", "On the proxy's SERVER span (`otel-llm "
           "proxy`): from the request's arrival until the response head was written to the caller."),
     _attr("LLM_PROXY_TIME_TO_FIRST_TOKEN", "double", "s", "otel_llm", "On the proxy's SERVER span, for a stream "

@@ -21,7 +21,7 @@ from otel_llm.telemetry import attributes as attr_build
 from otel_llm.telemetry import diagnosis
 from otel_llm.telemetry.metrics import call_metrics
 from otel_llm.telemetry.phases import Phase, compute_phases
-from otel_llm.telemetry.propagation import inject_context
+from otel_llm.telemetry.propagation import inject_context, recorded_by_caller
 from otel_llm.telemetry.spans import CallSpan, make_sink
 from otel_llm.telemetry.inflight import Admission, InFlight
 from otel_llm.telemetry.runtime import runtime_attributes, synthesized_spans
@@ -104,9 +104,13 @@ class Telemetry:
         request = call.request
         info = parse_request(call.route.api, request.body)
         endpoint = self._endpoint(request, call.route)
+        # read before this process adds its own mark to the baggage
+        relayed = self._relayed and recorded_by_caller(request.headers)
         admission = self.in_flight.admit(endpoint.server, request.body, request.headers, info.model,
-                                         _unloads(info))
+                                         _unloads(info), relayed)
         attrs = attr_build.request_attributes(endpoint.attributes, info, self.settings.capture_content)
+        if relayed:
+            attrs[sc.LLM_GATEWAY_RELAYED] = True
         span = self._spans.start(attr_build.span_name(call.route.operation, info.model), attrs, call.epoch0)
         if self.observers is not None:
             self._note_server(self.observers, request, endpoint, span)
@@ -131,8 +135,6 @@ class Telemetry:
             runtime = configured or route.runtime
             provider = attr_build.provider_name(runtime, request.host, route.api)
             attrs = attr_build.endpoint_attributes(route, request, runtime, provider)
-            if self._relayed:
-                attrs[sc.LLM_GATEWAY_RELAYED] = True
             endpoint = _Endpoint(runtime, configured is not None, (request.host, request.port or 0), attrs)
             if len(self._endpoints) >= _MAX_ENDPOINTS:  # URLs with ever-changing query strings
                 self._endpoints.clear()
@@ -151,11 +153,13 @@ class Telemetry:
             _restart_event(observers, host, port, span)
 
     def relaying(self) -> None:
-        """Every call from now on relays a request this process received (the gateway): its
-        span and metrics carry ``llm.gateway.relayed``, so a view of the whole fleet can count
-        each call once (the caller's record of it) rather than once per hop."""
+        """Every call from now on relays a request this process received (the gateway). A call
+        whose caller says it records the call itself (``otel_llm.recorded=1`` in the request's
+        baggage, see ``propagation``) carries ``llm.gateway.relayed`` on its span and metrics, so
+        a view of the whole fleet counts it once, from the caller's record, rather than once per
+        hop; a call from a caller that records nothing (curl) is not marked: the gateway's record
+        is the only one."""
         self._relayed = True
-        self._endpoints.clear()
         self.metrics.relaying()
 
     def watch(self, url: str) -> None:

@@ -25,6 +25,7 @@ class Admission:
     concurrent: int
     retry: bool
     after_unload: bool
+    relayed: bool = False  # a gateway's call whose caller recorded it too
 
 
 class InFlight:
@@ -33,15 +34,18 @@ class InFlight:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.by_server: dict[Server, int] = {}
+        self.relayed_by_server: dict[Server, int] = {}  # of those, a gateway's calls marked relayed
         self._bodies: dict[tuple[Server, int], int] = {}
         self._unloaded: set[tuple[Server, str]] = set()
 
     def admit(self, server: Server, body: bytes | None, headers: Any, model: str | None,
-              unloads: bool) -> Admission:
+              unloads: bool, relayed: bool = False) -> Admission:
         body_key = hash(body) if body else None
         with self._lock:
             concurrent = self.by_server.get(server, 0)
             self.by_server[server] = concurrent + 1
+            if relayed:
+                self.relayed_by_server[server] = self.relayed_by_server.get(server, 0) + 1
             duplicate = 0
             if body_key is not None:
                 duplicate = self._bodies.get((server, body_key), 0)
@@ -51,12 +55,15 @@ class InFlight:
             if unloads:
                 self._unloaded.add((server, model or ""))
         retry = duplicate > 0 or _retry_count(headers) > 0
-        return Admission(server, body_key, concurrent, retry, after_unload)
+        return Admission(server, body_key, concurrent, retry, after_unload, relayed)
 
     def release(self, admission: Admission) -> None:
         with self._lock:
             # kept at zero, not removed: the active-requests metric keeps reporting the server
             self.by_server[admission.server] = max(0, self.by_server.get(admission.server, 1) - 1)
+            if admission.relayed:
+                self.relayed_by_server[admission.server] = max(
+                    0, self.relayed_by_server.get(admission.server, 1) - 1)
             if admission.body_key is not None:
                 key = (admission.server, admission.body_key)
                 remaining = self._bodies.get(key, 1) - 1

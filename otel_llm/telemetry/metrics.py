@@ -83,7 +83,7 @@ class _Shared:
     def __init__(self, in_flight: InFlight) -> None:
         self.in_flight = in_flight
         self.diagnosed = _Tally()
-        self.relayed: tuple[tuple[str, bool], ...] = ()  # the gateway's own calls: marked
+        self.relaying = False  # a gateway's: its calls in flight are counted marked relayed and not
 
 
 _SHARED: weakref.WeakKeyDictionary[Any, _Shared] = weakref.WeakKeyDictionary()
@@ -131,7 +131,7 @@ class CallMetrics:
         except TypeError:  # a meter that cannot be weakly referenced
             shared = None
         if shared is not None:
-            shared.in_flight, shared.relayed = in_flight, ()
+            shared.in_flight, shared.relaying = in_flight, False
             self.diagnosed = shared.diagnosed
             self._shared = shared
             return
@@ -185,8 +185,9 @@ class CallMetrics:
                 histogram.record(value, attrs, _NO_CONTEXT)
 
     def relaying(self) -> None:
-        """The in-flight gauge marks its counts as the gateway's relayed calls too."""
-        self._shared.relayed = ((sc.LLM_GATEWAY_RELAYED, True),)
+        """The in-flight gauge counts the gateway's relayed calls (their callers recorded them
+        too) apart, marked ``llm.gateway.relayed``: each server has both series."""
+        self._shared.relaying = True
 
     def _sets(self, span_attrs: Attributes) -> _AttributeSets:
         """The attribute dictionaries of this call's records, built once per distinct set of
@@ -345,6 +346,15 @@ class _AttributeSets:
 
 
 def _active(shared: _Shared) -> list[Observation]:
-    extra = shared.relayed
-    return [Observation(count, {sc.SERVER_ADDRESS: host, sc.SERVER_PORT: port, **dict(extra)})
-            for (host, port), count in list(shared.in_flight.by_server.items())]
+    in_flight = shared.in_flight
+    servers = list(in_flight.by_server.items())
+    if not shared.relaying:
+        return [Observation(count, {sc.SERVER_ADDRESS: host, sc.SERVER_PORT: port}) for (host, port), count in servers]
+    relayed = in_flight.relayed_by_server
+    observations = []
+    for (host, port), count in servers:
+        marked = min(count, relayed.get((host, port), 0))
+        observations.append(Observation(count - marked, {sc.SERVER_ADDRESS: host, sc.SERVER_PORT: port}))
+        observations.append(Observation(marked, {sc.SERVER_ADDRESS: host, sc.SERVER_PORT: port,
+                                                 sc.LLM_GATEWAY_RELAYED: True}))
+    return observations

@@ -4,6 +4,12 @@ With OpenTelemetry's default propagators (W3C trace context, optionally baggage)
 in the current context, the headers are written directly: the same ``traceparent`` and
 ``tracestate`` the propagator would write, without building a context for it on every call.
 Any other configuration goes through the global propagator.
+
+Next to ``traceparent``, the request's W3C ``baggage`` gets the entry ``otel_llm.recorded=1``: this
+process records the call itself. A gateway that relays the request reads it (``recorded_by_caller``)
+and marks its own record of the call relayed, so a fleet-wide sum counts the call once; a caller
+without it (curl, an uninstrumented client) is counted from the gateway's record. A ``baggage``
+header the request already has is kept and the entry added to it.
 """
 
 from __future__ import annotations
@@ -15,9 +21,17 @@ from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from otel_llm._log import log_once
+
 if TYPE_CHECKING:
     from otel_llm.telemetry.spans import CallSpan
 
+__all__ = ["RECORDED_ENTRY", "inject_context", "recorded_by_caller"]
+
+RECORDED_KEY = "otel_llm.recorded"
+RECORDED_ENTRY = RECORDED_KEY + "=1"
+_MAX_BAGGAGE = 8192  # W3C baggage: at most 8192 bytes and 180 list-members in all
+_MAX_MEMBERS = 180
 _DEFAULT_KINDS = (TraceContextTextMapPropagator, W3CBaggagePropagator)
 _checked: tuple[Any, bool] = (None, False)  # (propagator last looked at, is it a default one)
 
@@ -45,6 +59,56 @@ def inject_context(headers: Any, span: CallSpan) -> None:
         headers["traceparent"] = f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
         if context.trace_state:
             headers["tracestate"] = context.trace_state.to_header()
+        _mark_recorded(headers)
         return
     carrier = span.live if span.live is not None else trace.NonRecordingSpan(context)
     propagate.inject(headers, context=trace.set_span_in_context(carrier))
+    if headers.get("traceparent"):  # the mark travels with the W3C trace context, never alone
+        _mark_recorded(headers)
+
+
+def _baggage(headers: Any) -> str | None:
+    """Every ``baggage`` value of the request, joined (a multidict's ``get`` gives the first)."""
+    getall = getattr(headers, "getall", None)
+    if getall is not None:
+        values = getall("baggage", ())
+        return ",".join(values) if values else None
+    value = headers.get("baggage")
+    if isinstance(value, bytes):
+        value = value.decode("latin-1")
+    return value if isinstance(value, str) else None
+
+
+def _recorded_value(value: str) -> str | None:
+    """The value of the ``otel_llm.recorded`` list-member, or None without one."""
+    if RECORDED_KEY not in value:
+        return None
+    for member in value.split(","):
+        key, _, rest = member.partition("=")
+        if key.strip() == RECORDED_KEY:
+            return rest.partition(";")[0].strip()
+    return None
+
+
+def _mark_recorded(headers: Any) -> None:
+    """Add ``otel_llm.recorded=1`` to the request's baggage, keeping what is there."""
+    try:
+        present = _baggage(headers)
+        if not present:
+            headers["baggage"] = RECORDED_ENTRY
+        elif _recorded_value(present) is None \
+                and len(present) + len(RECORDED_ENTRY) + 1 <= _MAX_BAGGAGE and present.count(",") + 1 < _MAX_MEMBERS:
+            # (a header already at the W3C limits is left as the application wrote it)
+            headers["baggage"] = f"{present},{RECORDED_ENTRY}"
+    except Exception:
+        log_once("adding otel_llm.recorded to the request's baggage failed")
+
+
+def recorded_by_caller(headers: Any) -> bool:
+    """Whether the request's baggage says its caller records the call itself (otel_llm's own
+    client, or any other that sets ``otel_llm.recorded=1``)."""
+    try:
+        value = _baggage(headers)
+    except Exception:
+        return False
+    return value is not None and _recorded_value(value) == "1"

@@ -254,8 +254,38 @@ def test_gateway_page_commands_run(tmp_path: Path) -> None:
 
 
 def test_gateway_benchmark_runs_and_reports_the_target() -> None:
+    """The gateway and the proxy beside direct calls (nginx: the test below)."""
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gateway.py"), "--quick",
+                             "--relays", "gateway,proxy"], capture_output=True, text=True, timeout=300, env=ENV)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert out.count("added TTFB") == 2 and "gateway CPU per request" in out
+    assert "target: added median TTFB <= 1 ms on loopback" in out
+    assert out.count("added by proxy TTFB") == 2 and out.count("proxy CPU per request") == 2
+    assert re.search(r"^  proxy +[-\d.]+ / +[-\d.]+ +[-\d.]+ / +[-\d.]+ +\d+\.\d+$", out, re.M), out
+    assert "proxy / nginx: n/a (nginx left out)" in out and "via nginx" not in out
+    assert re.search(r"target: proxy's added median TTFB <= 0.5 ms on loopback: (PASS|MISS)", out)
+    assert re.search(r"^overall: (PASS|MISS)$", out, re.M)
+
+
+@pytest.mark.backend
+def test_gateway_benchmark_puts_the_proxy_beside_nginx() -> None:
+    """The whole run: direct, the gateway, the proxy and Debian's nginx (installed when missing)."""
+    from otel_llm_testing.markers import need
+    from otel_llm_testing.nginx import ensure_nginx
+
+    need("backend", "nginx")
+    ensure_nginx()
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gateway.py"), "--quick"],
                             capture_output=True, text=True, timeout=300, env=ENV)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.count("added TTFB") == 2 and "gateway CPU per request" in result.stdout
-    assert "target: added median TTFB <= 1 ms on loopback" in result.stdout
+    out = result.stdout
+    assert out.count("added TTFB") == 2 and "target: added median TTFB <= 1 ms on loopback" in out
+    for relay in ("proxy", "nginx"):
+        assert out.count(f"added by {relay} TTFB") == 2 and out.count(f"{relay} CPU per request") == 2, relay
+    for relay in ("gateway", "proxy", "nginx"):
+        assert re.search(rf"^  {relay} +[-\d.]+ / +[-\d.]+ +[-\d.]+ / +[-\d.]+ +\d+\.\d+$", out, re.M), (relay, out)
+    ratio = r"(-?\d+\.\dx|n/a)"
+    assert re.search(rf"proxy / nginx: added median TTFB non-streamed chat {ratio}, streamed chat {ratio}; "
+                     rf"CPU per streamed token {ratio}", out), out
+    assert re.search(r"target: proxy's added median TTFB <= 0.5 ms on loopback: (PASS|MISS)", out)

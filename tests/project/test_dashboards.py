@@ -357,6 +357,26 @@ for t in threads:
 
 
 LATEST_SERVICE = "dashboards-app-latest"  # the application on semantic-conventions-genai's names
+UNRECORDED_CALLS = 3  # through the gateway from a client that records nothing (the stdlib's http.client)
+
+
+def _unrecorded_call(url: str, key: str) -> None:
+    """A streamed chat call through the gateway that no otel_llm client records: the gateway's
+    record is its only one."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    body = json.dumps({"model": "sim-gemma", "stream": True, "messages": [{"role": "user", "content": "hi"}]})
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+    try:
+        conn.request("POST", "/v1/chat/completions", body, {"authorization": f"Bearer {key}",
+                                                            "content-type": "application/json"})
+        response = conn.getresponse()
+        response.read()
+        assert response.status == 200, response.status
+    finally:
+        conn.close()
 
 
 @dataclass
@@ -435,6 +455,8 @@ def stack(prometheus_binary: str) -> Iterator[Stack]:
                     app.wait()
 
         exits.callback(stop_app)
+        for _ in range(UNRECORDED_CALLS):
+            _unrecorded_call(gateway.url, gateway.secrets["default"])
         prom.wait_ready()
         state = Stack(prom, app_log)
 
@@ -522,10 +544,14 @@ def test_panels_filtered_to_one_value_of_each_variable(stack: Stack) -> None:
 @pytest.mark.runtime
 @pytest.mark.backend
 def test_a_call_through_the_gateway_counts_once(stack: Stack) -> None:
-    """The app calls the gateway, which calls the simulator: two records of each call, the app's
-    and the gateway's. The gateway marks its own (llm.gateway.relayed), and the calls dashboard,
-    with every service selected, counts what the app alone counts: calls, tokens, phases, calls
-    in flight. Each difference is taken in one query, so both sides come from the same scrape."""
+    """Counted once, never zero times. The app calls the gateway, which calls the simulator: two
+    records of each call, the app's and the gateway's; the app's client says in the request's
+    baggage that it records the call, and the gateway marks its own record (llm.gateway.relayed).
+    A client that records nothing (http.client, UNRECORDED_CALLS calls) is recorded by the gateway
+    alone, unmarked. So the calls dashboard, with every service selected, counts what the app
+    counts plus the unrecorded calls: calls, tokens, phases, diagnoses; and the gateway's calls in
+    flight are split the same way. Each difference is taken in one query, so both sides come from
+    the same scrape; the unrecorded calls were over before the stack settled."""
     calls = [q for q in queries() if q.file == "otel-llm-calls.json"]
     call_selector = re.search(r"\{(service_name=~\"\$service\", gen_ai_provider_name[^}]*)\}", calls[0].expr)
     assert call_selector, calls[0].expr
@@ -533,17 +559,26 @@ def test_a_call_through_the_gateway_counts_once(stack: Stack) -> None:
     every = substitute(call_selector.group(1), {"service": "dashboards-app|otel-llm-gateway"})
     app = substitute(call_selector.group(1), {"service": "dashboards-app"})
     relayed = 'service_name="otel-llm-gateway", llm_gateway_relayed=~"(?i)true"'
+    unrecorded = 'service_name="otel-llm-gateway", llm_gateway_relayed!~"(?i)true"'
+
+    def value(query: str) -> float | None:
+        samples = stack.prometheus.query(query)
+        return float(samples[0]["value"][1]) if samples else None
+
+    assert wait_until(lambda: value(f"sum(gen_ai_client_operation_duration_seconds_count{{{unrecorded}}})")
+                      == UNRECORDED_CALLS, timeout=20, interval=1.0), (
+        value(f"sum(gen_ai_client_operation_duration_seconds_count{{{unrecorded}}})"), _context(stack))
     for metric in ("gen_ai_client_operation_duration_seconds_count", "gen_ai_client_token_usage_sum",
                    "llm_client_phase_duration_seconds_count", "llm_diagnosis_calls_total"):
-        marked = stack.prometheus.query(f"sum({metric}{{{relayed}}})")
-        assert marked and float(marked[0]["value"][1]) > 0, (metric, "the gateway's calls are not marked")
-        unmarked = stack.prometheus.query(f'sum({metric}{{service_name="otel-llm-gateway", '
-                                          f'llm_gateway_relayed!~"(?i)true"}})')
-        assert not unmarked, (metric, unmarked)
-        difference = stack.prometheus.query(f"sum({metric}{{{every}}}) - sum({metric}{{{app}}})")
-        assert difference and float(difference[0]["value"][1]) == 0, (metric, difference)
-    in_flight = stack.prometheus.query(f'count(llm_client_active_requests{{{relayed}}})')
-    assert in_flight and float(in_flight[0]["value"][1]) > 0, "the gateway's in-flight gauge is not marked"
+        marked = value(f"sum({metric}{{{relayed}}})")
+        assert marked is not None and marked > 0, (metric, "the instrumented app's calls are not marked")
+        unmarked = value(f"sum({metric}{{{unrecorded}}})")
+        assert unmarked is not None and unmarked > 0, (metric, "the unrecorded calls are counted nowhere")
+        assert value(f"sum({metric}{{{every}}}) - sum({metric}{{{app}}})") == unmarked, metric
+    assert value(f"sum(gen_ai_client_operation_duration_seconds_count{{{unrecorded}}})") == UNRECORDED_CALLS
+    in_flight = value(f'count(llm_client_active_requests{{{relayed}}})')
+    assert in_flight is not None and in_flight > 0, "the gateway's in-flight gauge is not marked"
+    assert value(f'count(llm_client_active_requests{{{unrecorded}}})'), "nor counted apart when not relayed"
 
 
 @pytest.mark.runtime

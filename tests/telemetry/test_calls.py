@@ -433,6 +433,38 @@ def test_metrics_of_a_streamed_call(sink: Sink) -> None:
         assert _one(phases, **{sc.LLM_PHASE: name}).sum == pytest.approx(ms * MS * NS), name
 
 
+def test_a_gateway_marks_relayed_only_the_calls_whose_caller_recorded_them(sink: Sink) -> None:
+    """Relaying (the gateway), a call is marked llm.gateway.relayed when the request's baggage
+    says its caller recorded it (otel_llm.recorded=1), on the span and every metric record; a call
+    from a caller that records nothing is not: the gateway's record is its only one. Either way
+    the call sends the mark on, since this process records it."""
+    sink.telemetry.relaying()
+    recorded: dict[str, Any] = {"baggage": "tenant=acme,otel_llm.recorded=1"}
+    plain: dict[str, Any] = {"baggage": "tenant=acme"}
+    marked_call, other_call = sink.open(_request(headers=recorded)), sink.open(_request(headers=plain))
+    active = {tuple(sorted(p.attributes.items())): p.value for p in sink.otel.metrics()[sc.METRIC_ACTIVE_REQUESTS]}
+    server = ((sc.SERVER_ADDRESS, HOST), (sc.SERVER_PORT, PORT))
+    assert active == {server: 1, tuple(sorted(server + ((sc.LLM_GATEWAY_RELAYED, True),))): 1}
+    sink.finish(marked_call)
+    sink.finish(other_call)
+    assert recorded["baggage"] == "tenant=acme,otel_llm.recorded=1"
+    assert plain["baggage"] == "tenant=acme,otel_llm.recorded=1"
+    spans = {s.context.span_id: s for s in sink.otel.calls()}
+    assert len(spans) == 2
+    marked = [s for s in spans.values() if (s.attributes or {}).get(sc.LLM_GATEWAY_RELAYED) is True]
+    assert len(marked) == 1
+    metrics = sink.otel.metrics()
+    for name in (sc.METRIC_OPERATION_DURATION, sc.METRIC_TIME_TO_FIRST_CHUNK):
+        assert sorted(p.attributes.get(sc.LLM_GATEWAY_RELAYED, False) for p in metrics[name]) == [False, True], name
+    assert {p.attributes.get(sc.LLM_GATEWAY_RELAYED, False) for p in metrics[sc.METRIC_PHASE_DURATION]} == {False, True}
+
+
+def test_an_application_never_marks_its_calls_relayed(sink: Sink) -> None:
+    sink.finish(sink.open(_request(headers={"baggage": "otel_llm.recorded=1"})))
+    call, _ = sink.otel.one_call()
+    assert sc.LLM_GATEWAY_RELAYED not in (call.attributes or {})
+
+
 def test_an_error_is_a_metric_attribute(sink: Sink) -> None:
     sink.finish(sink.open(), status=503, stream=None, body=b"", response_headers={})
     (duration,) = sink.otel.metrics()[sc.METRIC_OPERATION_DURATION]

@@ -233,10 +233,15 @@ def test_active_requests_report_the_in_flight_table(meter: Reader) -> None:
     values = {attrs: point.value for attrs, point in meter.by_attrs(sc.METRIC_ACTIVE_REQUESTS).items()}
     assert values == {key({sc.SERVER_ADDRESS: "127.0.0.1", sc.SERVER_PORT: 11434}): 1,
                       key({sc.SERVER_ADDRESS: "gpu-box", sc.SERVER_PORT: 8000}): 1}
+    # a gateway: the calls whose callers recorded them too are counted apart, marked relayed
     metrics.relaying()
-    values = {attrs: point.value for attrs, point in meter.by_attrs(sc.METRIC_ACTIVE_REQUESTS).items()
-              if (sc.LLM_GATEWAY_RELAYED, True) in attrs}
-    assert values == {key({sc.SERVER_ADDRESS: "127.0.0.1", sc.SERVER_PORT: 11434, sc.LLM_GATEWAY_RELAYED: True}): 1,
+    in_flight.admit(("gpu-box", 8000), b"d", {}, "m", False, relayed=True)
+    marked = in_flight.admit(("127.0.0.1", 11434), b"e", {}, "m", False, relayed=True)
+    in_flight.release(marked)
+    values = {attrs: point.value for attrs, point in meter.by_attrs(sc.METRIC_ACTIVE_REQUESTS).items()}
+    assert values == {key({sc.SERVER_ADDRESS: "127.0.0.1", sc.SERVER_PORT: 11434}): 1,
+                      key({sc.SERVER_ADDRESS: "127.0.0.1", sc.SERVER_PORT: 11434, sc.LLM_GATEWAY_RELAYED: True}): 0,
+                      key({sc.SERVER_ADDRESS: "gpu-box", sc.SERVER_PORT: 8000}): 1,
                       key({sc.SERVER_ADDRESS: "gpu-box", sc.SERVER_PORT: 8000, sc.LLM_GATEWAY_RELAYED: True}): 1}
 
 

@@ -1,5 +1,7 @@
 """The trace context written into model requests: the direct path for the default propagators
-writes what the propagator would, and every other configuration goes through the propagator."""
+writes what the propagator would, and every other configuration goes through the propagator.
+Next to ``traceparent`` goes ``otel_llm.recorded=1`` in the baggage (a gateway reads it), merged
+into a baggage header the application sends."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from opentelemetry.propagators.textmap import TextMapPropagator
 from opentelemetry.trace import SpanContext, TraceFlags, TraceState
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from otel_llm.telemetry.propagation import inject_context
+from otel_llm.telemetry.propagation import RECORDED_ENTRY, inject_context, recorded_by_caller
 from otel_llm.telemetry.spans import CallSpan
 
 
@@ -65,7 +67,7 @@ def test_default_propagators_get_the_same_headers(textmap: Any, members: list[An
     span = _span(flags, state)
     headers: dict[str, str] = {}
     inject_context(headers, span)
-    assert headers == _by_propagator(span)
+    assert headers == {**_by_propagator(span), "baggage": RECORDED_ENTRY}
     assert headers["traceparent"] == f"00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-{flags:02x}"
     assert ("tracestate" in headers) == bool(state)
 
@@ -78,7 +80,7 @@ def test_baggage_in_the_context_is_propagated(textmap: Any) -> None:
         inject_context(headers, _span())
     finally:
         context.detach(token)
-    assert headers["baggage"] == "tenant=acme"
+    assert headers["baggage"] == f"tenant=acme,{RECORDED_ENTRY}"
     assert headers["traceparent"].startswith("00-0af7651916cd43dd8448eb211c80319c-")
 
 
@@ -89,3 +91,38 @@ def test_other_propagators_are_used_as_configured(textmap: Any, members: list[An
     inject_context(headers, _span())
     assert headers["x-upper"] == "1"
     assert ("traceparent" in headers) == (len(members) == 2)
+    # the mark travels with the W3C trace context only
+    assert headers.get("baggage") == (RECORDED_ENTRY if len(members) == 2 else None)
+
+
+@pytest.mark.parametrize("sent, merged", [
+    ("tenant=acme", f"tenant=acme,{RECORDED_ENTRY}"),
+    ("tenant=acme;ttl=5, user=bob", f"tenant=acme;ttl=5, user=bob,{RECORDED_ENTRY}"),
+    (f"a=1,{RECORDED_ENTRY}", f"a=1,{RECORDED_ENTRY}"),  # already there (a gateway forwarding it): once
+    ("otel_llm.recorded=0", "otel_llm.recorded=0"),  # the application's own word is left alone
+    ("x=" + "y" * 8190, "x=" + "y" * 8190),  # already at the W3C limit of 8192 bytes: left as it is
+])
+def test_the_applications_baggage_header_is_kept_and_the_mark_added(sent: str, merged: str) -> None:
+    import httpx
+
+    headers = httpx.Headers({"Baggage": sent, "x-app": "1"})
+    inject_context(headers, _span())
+    assert headers.get_list("baggage") == [merged]
+    assert headers["x-app"] == "1" and headers["traceparent"].startswith("00-")
+
+
+def test_baggage_on_several_lines_is_merged_into_one() -> None:
+    from multidict import CIMultiDict
+
+    headers: CIMultiDict[str] = CIMultiDict([("baggage", "a=1"), ("Baggage", "b=2")])
+    inject_context(headers, _span())
+    assert headers.getall("baggage") == [f"a=1,b=2,{RECORDED_ENTRY}"]
+
+
+@pytest.mark.parametrize("sent, recorded", [
+    (None, False), ("", False), ("tenant=acme", False), (RECORDED_ENTRY, True),
+    (f"tenant=acme, {RECORDED_ENTRY};prop", True), ("otel_llm.recorded=0", False),
+    ("xotel_llm.recorded=1", False), ("otel_llm.recorded=1x", False),
+])
+def test_a_gateway_reads_whether_the_caller_recorded_the_call(sent: str | None, recorded: bool) -> None:
+    assert recorded_by_caller({} if sent is None else {"baggage": sent}) is recorded

@@ -4,6 +4,9 @@ with correct parent links, and the client's ``llm.server_wait`` must contain the
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
 from collections.abc import Iterator
 from typing import Any
 
@@ -159,3 +162,44 @@ def test_a_rejected_request_is_traced_without_an_upstream_call(otel: Otel, upstr
     assert attrs[sc.LLM_GATEWAY_OUTCOME] == "unauthorized" and attrs[sc.HTTP_RESPONSE_STATUS_CODE] == 401
     assert sc.LLM_GATEWAY_KEY_ID not in attrs
     assert upstream.stats()["requests"] == 0
+
+
+def _operation_counts(collector: OtlpHttpCollector) -> dict[bool, int]:
+    """The gateway's gen_ai.client.operation.duration counts from its last (cumulative) export,
+    by whether they are marked llm.gateway.relayed."""
+    counts: dict[bool, int] = {}
+    for request in collector.received.metrics[-1:]:
+        for rm in request.resource_metrics:
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    if metric.name != sc.METRIC_OPERATION_DURATION:
+                        continue
+                    for point in metric.histogram.data_points:
+                        relayed = attributes_of(point.attributes).get(sc.LLM_GATEWAY_RELAYED, False)
+                        counts[relayed] = counts.get(relayed, 0) + point.count
+    return counts
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="needs Debian's curl")
+def test_a_call_is_marked_relayed_only_when_its_caller_recorded_it(otel: Otel, upstream: SimProcess,
+                                                                   collector: OtlpHttpCollector, tmp_path: Any) -> None:
+    """Counted once, never zero times: the instrumented client's call through the gateway is
+    marked relayed by the gateway (the client recorded it, and says so in its baggage); curl's
+    calls, one with an application's own baggage, are not (the gateway's record is their only one)."""
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": False})
+    with _gateway(upstream, collector, tmp_path) as gateway:
+        client = ollama.Client(host=gateway.url, headers={**gateway.headers("app"), "baggage": "tenant=acme"})
+        client.chat(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+        for extra in ([], ["-H", "baggage: tenant=acme"]):
+            done = subprocess.run(["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "-H",
+                                   f"authorization: {gateway.headers('app')['authorization']}",
+                                   "-H", "content-type: application/json", *extra, "--data", body,
+                                   f"{gateway.url}/api/chat"], capture_output=True, text=True, timeout=30)
+            assert done.stdout == "200", done.stderr
+    call, _ = otel.one_call()
+    assert sc.LLM_GATEWAY_RELAYED not in (call.attributes or {}), "the client's own record is the call"
+    exported = [span for _, span in collector.received.spans()]
+    upstream_calls = sorted((s for s in exported if s.kind == KIND_CLIENT), key=lambda s: s.start_time_unix_nano)
+    assert [attributes_of(s.attributes).get(sc.LLM_GATEWAY_RELAYED) for s in upstream_calls] == [True, None, None]
+    assert upstream_calls[0].trace_id == call.context.trace_id.to_bytes(16, "big")
+    assert _operation_counts(collector) == {True: 1, False: 2}

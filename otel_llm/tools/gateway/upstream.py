@@ -65,6 +65,11 @@ class _Headers:
                 return value
         return default
 
+    def getall(self, name: str, default: Any = ()) -> Any:
+        """Every value of ``name`` (a caller may send ``baggage`` on several lines)."""
+        values = [value for key, value in self.pairs if key == name]
+        return values or default
+
     def __setitem__(self, name: str, value: str) -> None:
         name = name.lower()
         self.pairs[:] = [pair for pair in self.pairs if pair[0] != name]
