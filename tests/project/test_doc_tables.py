@@ -51,3 +51,18 @@ def test_every_gateway_setting_is_documented() -> None:
     page = _page("gateway.md")
     for setting, variable in GATEWAY_VARS.items():
         assert f"| `{setting}` | `{variable}`" in page, setting
+
+
+def test_other_languages_table_is_what_the_tests_run() -> None:
+    """curl, the openai npm package and Go's net/http, each with the version the proxy's tests use
+    (a toolchain not installed yet is installed by those tests, so its row is checked once it is)."""
+    from tests.other_clients import TABLE_HEADER, table_rows
+
+    lines = _page("clients.md").splitlines()
+    start = lines.index(TABLE_HEADER)
+    expected = table_rows()
+    table = lines[start + 2: start + 2 + len(expected)]
+    assert lines[start + 1] == "|---|---|---|" and lines[start + 2 + len(expected)] == ""
+    for row, wanted in zip(table, expected):
+        assert wanted is None or row == wanted
+    assert [row.split(" | ")[0] for row in table] == ["| curl", "| Node.js `openai`", "| Go `net/http`"]
