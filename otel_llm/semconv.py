@@ -267,6 +267,9 @@ QUEUE_WAIT_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5
 
 # --- content capture switch -----------------------------------------------------------------
 ENV_CAPTURE_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+# the W3C baggage entry (value "1") otel_llm's client adds to each model request: it records the
+# call itself, so a gateway on the way marks its own record of the call relayed
+BAGGAGE_RECORDED = "otel_llm.recorded"
 
 INSTRUMENTATION_NAME = "otel_llm"
 

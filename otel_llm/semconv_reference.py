@@ -50,6 +50,8 @@ NOT_NAMES = {
     "ENV_CAPTURE_CONTENT": "an environment variable that switches content capture on (an alias of "
                            "OTEL_LLM_CAPTURE_CONTENT), not a name in the telemetry",
     "VLLM_LATENCY_PREFIX": "how `otel-llm view` recognizes vLLM's span; each name under it has its own entry",
+    "BAGGAGE_RECORDED": "a W3C baggage entry (`otel_llm.recorded=1`) on each model request otel_llm's client "
+                        "sends, read by `otel-llm gateway`, not a name in the telemetry",
 }
 
 

@@ -21,6 +21,7 @@ from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from otel_llm import semconv as sc
 from otel_llm._log import log_once
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = ["RECORDED_ENTRY", "inject_context", "recorded_by_caller"]
 
-RECORDED_KEY = "otel_llm.recorded"
+RECORDED_KEY = sc.BAGGAGE_RECORDED
 RECORDED_ENTRY = RECORDED_KEY + "=1"
 _MAX_BAGGAGE = 8192  # W3C baggage: at most 8192 bytes and 180 list-members in all
 _MAX_MEMBERS = 180
