@@ -110,21 +110,25 @@ def test_bad_usage_values_dropped() -> None:
 
 
 # --- the per-request `metrics` object (--enable-per-request-metrics) -----------------------------
+def _from_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The counters both recorded answers (85 prompt tokens, 128 cached, stopped by length) give
+    from their ``metrics`` object, ms -> s."""
+    itl = metrics["mean_itl_ms"] / 1e3
+    prefill = metrics["time_to_first_token_ms"] / 1e3
+    return dict(runtime="vllm", prompt_tokens=85, cached_tokens=128, finish_reasons=["length"],
+                queue_duration=metrics["queue_time_ms"] / 1e3, prompt_eval_duration=prefill,
+                prompt_eval_rate=85 / prefill, generation_duration=metrics["generation_time_ms"] / 1e3,
+                time_per_output_token=itl, generation_rate=1 / itl)
+
+
 def test_metrics_of_a_chat_body_are_the_runtime_counters() -> None:
     """A real answer: queue, prefill (vLLM's time_to_first_token_ms counts from scheduling), decode
     and the inter-token latency, ms -> s; the decode rate is the latency's reciprocal, not
     tokens_per_second (which counts the prefill too). The object proves vLLM by itself."""
     info = parse_body(r.API_OPENAI_CHAT, load(RT, "chat_metrics.json"))
     assert info.runtime == "vllm"
-    metrics = load_json(RT, "chat_metrics.json")["metrics"]
-    itl = metrics["mean_itl_ms"] / 1e3
-    expect(runtime_counters(info), runtime="vllm", prompt_tokens=85, cached_tokens=128, generation_tokens=12,
-           finish_reasons=["length"],
-           queue_duration=metrics["queue_time_ms"] / 1e3,
-           prompt_eval_duration=metrics["time_to_first_token_ms"] / 1e3,
-           prompt_eval_rate=85 / (metrics["time_to_first_token_ms"] / 1e3),
-           generation_duration=metrics["generation_time_ms"] / 1e3,
-           time_per_output_token=itl, generation_rate=1 / itl)
+    expect(runtime_counters(info), generation_tokens=12,
+           **_from_metrics(load_json(RT, "chat_metrics.json")["metrics"]))
 
 
 def test_metrics_of_a_stream_ride_its_usage_chunk() -> None:
@@ -134,14 +138,7 @@ def test_metrics_of_a_stream_ride_its_usage_chunk() -> None:
     metrics = last["metrics"]
     info = parse_events(r.API_OPENAI_CHAT, window(events))
     assert info.runtime == "vllm"
-    itl = metrics["mean_itl_ms"] / 1e3
-    expect(runtime_counters(info), runtime="vllm", prompt_tokens=85, cached_tokens=128, generation_tokens=8,
-           finish_reasons=["length"],
-           queue_duration=metrics["queue_time_ms"] / 1e3,
-           prompt_eval_duration=metrics["time_to_first_token_ms"] / 1e3,
-           prompt_eval_rate=85 / (metrics["time_to_first_token_ms"] / 1e3),
-           generation_duration=metrics["generation_time_ms"] / 1e3,
-           time_per_output_token=itl, generation_rate=1 / itl)
+    expect(runtime_counters(info), generation_tokens=8, **_from_metrics(metrics))
 
 
 def test_speculative_decoding_drafts_and_accepted() -> None:
