@@ -7,11 +7,22 @@ telemetry: spans to a JSON-lines file in a temporary directory, access log to a 
 (the real CLI, the same span file, its summary line per call to a log file) and nginx with a plain
 ``proxy_pass`` (``proxy_buffering off``, HTTP/1.1 with kept-alive upstream connections, no access
 log; left out when ``/usr/sbin/nginx`` is missing or with ``--relays``). Requests go directly to
-the simulator and through each relay in turn, the order rotating every round, each over its own
-kept-alive raw socket with TCP_NODELAY, so no HTTP client library sits in the measurement. Time to
-first byte is from the moment the request was written to the first byte of the response head.
-Workloads: non-streamed chat calls, and small streamed chat calls (TTFB is the response head;
-the whole stream is read before the next request).
+the simulator and through each relay in turn, each over its own kept-alive raw socket with
+TCP_NODELAY, so no HTTP client library sits in the measurement. Time to first byte is from the
+moment the request was written to the first byte of the response head. Workloads: non-streamed
+chat calls, and small streamed chat calls (TTFB is the response head; the whole stream is read
+before the next request).
+
+Three things keep one way's cost out of another's figure:
+
+- the measuring client runs on a CPU of its own, the servers on the others (``--no-pin`` leaves
+  placement to the kernel). On a machine with few CPUs, a client woken while the relay and the
+  simulator still work through the rest of a stream waits for a CPU, and its time to first byte
+  then reads as the time of the whole stream: the client's lack of a CPU, not the relay's latency;
+- after each answer the client waits ``--settle-ms`` (busy, on its own CPU, so that CPU does not
+  go idle) before the next request, so a relay's work after its answer (span export, summary or
+  access line) is not paid by whichever way comes next;
+- the order of the ways is shuffled every round (seeded), so no way always follows the same other.
 
 The "added" figures are the median (p90) through a relay minus the median (p90) direct;
 "paired" is the median of per-round differences. "complete answer" is the median time until the
@@ -24,6 +35,7 @@ streams (``--long-tokens`` tokens each, one chunk per token, the relays in turn)
 tokens relayed. Run it on a quiet machine: other processes on the same cores add to every figure.
 
     python benchmarks/gateway.py [--requests 300] [--tokens 8] [--quick] [--relays gateway,proxy,nginx]
+        [--settle-ms 0.5] [--no-pin]
 """
 
 from __future__ import annotations
@@ -31,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import re
 import socket
 import statistics
@@ -53,6 +66,7 @@ PROXY_TARGET_ADDED_MEDIAN_MS = 0.5
 PATH = "/v1/chat/completions"
 NGINX = "/usr/sbin/nginx"
 RELAYS = ("gateway", "proxy", "nginx")
+SEED = 20261205  # the order of the ways in each round: the same sequence in every run
 _LISTENING = re.compile(r"listening on (?P<url>http://\S+)")
 _NGINX_CONF = """worker_processes 1;
 pid {dir}/nginx.pid;
@@ -265,28 +279,40 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-def measure(sim: SimProcess, relays: list[Relay], body: bytes, requests: int, warmup: int) -> dict[str, Any]:
-    """Rounds of one request direct and one through each relay, the order rotating each round;
+def settle(seconds: float) -> None:
+    """Wait ``seconds`` without sleeping: a sleeping CPU in a VM takes tens of microseconds to wake,
+    which the next request would pay."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def measure(sim: SimProcess, relays: list[Relay], body: bytes, requests: int, warmup: int,
+            settle_s: float = 0.0) -> dict[str, Any]:
+    """Rounds of one request direct and one through each relay, the order shuffled each round;
     TTFB and complete-answer lists in seconds, by way, and each relay's CPU per request."""
     ways: dict[str, RawConnection] = {"direct": RawConnection(sim.port)}
     for relay in relays:
         ways[relay.name] = RawConnection(relay.port, relay.headers)
     names = list(ways)
+    order = random.Random(SEED)
     try:
         for _ in range(warmup):
             for connection in ways.values():
                 connection.request(body)
+                settle(settle_s)
         ttfb: dict[str, list[float]] = {name: [] for name in names}
         complete: dict[str, list[float]] = {name: [] for name in names}
         cpu_before = {relay.name: relay.cpu() for relay in relays}
-        for index in range(requests):
-            shift = index % len(names)
-            for name in names[shift:] + names[:shift]:
+        for _ in range(requests):
+            order.shuffle(names)
+            for name in names:
                 first, whole, status = ways[name].request(body)
                 if status != 200:
                     raise RuntimeError(f"{name} request answered {status}")
                 ttfb[name].append(first)
                 complete[name].append(whole)
+                settle(settle_s)
         cpu = {relay.name: (relay.cpu() - cpu_before[relay.name]) / requests for relay in relays}
     finally:
         for connection in ways.values():
@@ -379,6 +405,18 @@ def summary(results: dict[str, dict[str, Any]], per_token: dict[str, float], lon
     return passed
 
 
+def cpu_placement(pin: bool) -> tuple[set[int], set[int]] | None:
+    """(the client's CPU, the servers' CPUs), or None where there is one CPU or no pinning."""
+    if not pin or not hasattr(os, "sched_getaffinity"):
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    return ({cpus[0]}, set(cpus[1:])) if len(cpus) >= 2 else None
+
+
+def _cpus(cpus: set[int]) -> str:
+    return ",".join(str(cpu) for cpu in sorted(cpus))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=300, help="measured requests per way and workload")
@@ -389,6 +427,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--relays", default=",".join(RELAYS),
                         help="which relays to measure beside direct (default: all; nginx only where installed)")
     parser.add_argument("--max-concurrency", type=int, default=64, help="gateway upstream slots")
+    parser.add_argument("--settle-ms", type=float, default=0.5,
+                        help="busy wait after each answer, before the next request (default 0.5)")
+    parser.add_argument("--no-pin", action="store_true",
+                        help="leave the client and the servers wherever the kernel puts them (default: the client "
+                             "on a CPU of its own)")
     args = parser.parse_args(argv)
     requests, warmup, streams = (60, 10, 10) if args.quick else (args.requests, 30, args.streams)
     wanted = [r.strip() for r in args.relays.split(",") if r.strip()]
@@ -404,6 +447,9 @@ def main(argv: list[str] | None = None) -> int:
         "streamed chat": json.dumps({**chat, "stream": True}).encode(),
     }
     long_stream = json.dumps({**chat, "max_tokens": args.long_tokens, "stream": True}).encode()
+    placement = cpu_placement(not args.no_pin)
+    if placement:
+        os.sched_setaffinity(0, placement[1])  # every server started below inherits it
     with tempfile.TemporaryDirectory(prefix="otel-llm-gateway-bench-") as scratch, ExitStack() as running:
         env = {"OTEL_LLM_HOST_METRICS": "false", "OTEL_LLM_RUNTIME_METRICS": "false",
                "OTEL_LLM_TRACES_FILE": str(Path(scratch) / "traces.jsonl")}
@@ -423,13 +469,18 @@ def main(argv: list[str] | None = None) -> int:
                 nginx = NginxRelay(sim.port, Path(scratch))
                 running.callback(nginx.stop)
                 relays.append(nginx)
+        if placement:
+            os.sched_setaffinity(0, placement[0])
         results = {}
         for name, body in workloads.items():
-            results[name] = measure(sim, relays, body, requests, warmup)
+            results[name] = measure(sim, relays, body, requests, warmup, max(0.0, args.settle_ms) / 1e3)
             print(f"{name} done", file=sys.stderr)
         per_token = measure_tokens(sim, relays, long_stream, args.long_tokens, streams) if relays else {}
         print("long streams done", file=sys.stderr)
-    print(f"loopback, {psutil.cpu_count()} CPU(s), {requests} measured requests per way and workload")
+    where = (f"client on CPU {_cpus(placement[0])}, servers on CPU {_cpus(placement[1])}" if placement
+             else "client and servers unpinned")
+    print(f"loopback, {psutil.cpu_count()} CPU(s), {where}, {args.settle_ms:g} ms between requests, "
+          f"{requests} measured requests per way and workload")
     passed = [report(name, result) for name, result in results.items()]
     if relays:
         passed.append(summary(results, per_token, args.long_tokens, streams))

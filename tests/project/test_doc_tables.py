@@ -66,3 +66,18 @@ def test_other_languages_table_is_what_the_tests_run() -> None:
     for row, wanted in zip(table, expected):
         assert wanted is None or row == wanted
     assert [row.split(" | ")[0] for row in table] == ["| curl", "| Node.js `openai`", "| Go `net/http`"]
+
+
+def test_readme_quotes_the_proxy_cost_of_the_recorded_run() -> None:
+    """The README's proxy row gives the added first byte and the ratios to nginx's from the run
+    recorded on the performance page, so the two cannot drift apart."""
+    import re
+
+    run = _page("performance.md").split("### Gateway, proxy and nginx", 1)[1].split("```text", 1)[1]
+    added = re.search(r"^  proxy +([\d.]+) / [\d.]+ +[\d.]+ / [\d.]+ ", run, re.M)
+    ratios = re.search(r"proxy / nginx: added median TTFB non-streamed chat ([\d.]+x), streamed chat ([\d.]+x)", run)
+    assert added and ratios, run[:2000]
+    row = next(line for line in (DOCS.parent / "README.md").read_text().splitlines()
+               if line.startswith("| `otel-llm proxy"))
+    assert f"adds {float(added[1]):.2f} ms to the first byte on loopback" in row, row
+    assert f"{ratios[1]} and {ratios[2]} what nginx adds" in row, row
