@@ -44,7 +44,6 @@ import argparse
 import json
 import os
 import random
-import re
 import socket
 import statistics
 import subprocess
@@ -57,7 +56,7 @@ from typing import Any
 
 import psutil
 
-from otel_llm.tools.gateway.process import GatewayProcess
+from otel_llm.tools.gateway.process import GatewayProcess, ProxyProcess
 from otel_llm.tools.process import terminate
 from otel_llm.tools.sim import SimProcess
 
@@ -67,7 +66,6 @@ PATH = "/v1/chat/completions"
 NGINX = "/usr/sbin/nginx"
 RELAYS = ("gateway", "proxy", "nginx")
 SEED = 20261205  # the order of the ways in each round: the same sequence in every run
-_LISTENING = re.compile(r"listening on (?P<url>http://\S+)")
 _NGINX_CONF = """worker_processes 1;
 pid {dir}/nginx.pid;
 error_log {dir}/error.log warn;
@@ -149,33 +147,12 @@ class ProxyRelay(Relay):
 
     name = "proxy"
 
-    def __init__(self, upstream: str, env: dict[str, str], scratch: Path) -> None:
-        self.log_path = scratch / "proxy.log"
-        command = [sys.executable, "-m", "otel_llm.tools.main", "proxy", "--upstream", upstream,
-                   "--listen", "127.0.0.1:0"]
-        root = str(Path(__file__).resolve().parents[1])
-        child_env = {**os.environ, **env, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-        with open(self.log_path, "wb") as log:
-            self._popen = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                           env=child_env)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            match = _LISTENING.search(self.log_path.read_text(errors="replace"))
-            if match:
-                self.port = int(match["url"].rsplit(":", 1)[1])
-                self._proc = psutil.Process(self._popen.pid)
-                return
-            if self._popen.poll() is not None:
-                break
-            time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"the proxy did not start:\n{self.log_path.read_text(errors='replace')}")
+    def __init__(self, proxy: ProxyProcess) -> None:
+        self.port = int(proxy.url.rsplit(":", 1)[1])
+        self._proc = psutil.Process(proxy.pid)
 
     def processes(self) -> list[psutil.Process]:
         return [self._proc]
-
-    def stop(self) -> None:
-        terminate(self._popen, 10.0)
 
 
 class NginxRelay(Relay):
@@ -462,9 +439,8 @@ def main(argv: list[str] | None = None) -> int:
                                                                max_concurrency=args.max_concurrency))
                 relays.append(GatewayRelay(gateway))
             elif name == "proxy":
-                proxy = ProxyRelay(sim.base_url, env, Path(scratch))
-                running.callback(proxy.stop)
-                relays.append(proxy)
+                proxy = running.enter_context(ProxyProcess(sim.base_url, env=env))
+                relays.append(ProxyRelay(proxy))
             else:
                 nginx = NginxRelay(sim.port, Path(scratch))
                 running.callback(nginx.stop)

@@ -9,7 +9,9 @@ Next to ``traceparent``, the request's W3C ``baggage`` gets the entry ``otel_llm
 process records the call itself. A gateway that relays the request reads it (``recorded_by_caller``)
 and marks its own record of the call relayed, so a fleet-wide sum counts the call once; a caller
 without it (curl, an uninstrumented client) is counted from the gateway's record. A ``baggage``
-header the request already has is kept and the entry added to it.
+header the request already has is kept and the entry added to it. The entry is written only where
+the baggage propagator is configured (OpenTelemetry's default, ``OTEL_PROPAGATORS=tracecontext,baggage``)
+and ``traceparent`` was written: ``OTEL_PROPAGATORS=tracecontext`` sends no baggage, ``none`` nothing.
 """
 
 from __future__ import annotations
@@ -34,37 +36,39 @@ RECORDED_ENTRY = RECORDED_KEY + "=1"
 _MAX_BAGGAGE = 8192  # W3C baggage: at most 8192 bytes and 180 list-members in all
 _MAX_MEMBERS = 180
 _DEFAULT_KINDS = (TraceContextTextMapPropagator, W3CBaggagePropagator)
-_checked: tuple[Any, bool] = (None, False)  # (propagator last looked at, is it a default one)
+# (propagator last looked at, is it a default one, does it carry baggage)
+_checked: tuple[Any, bool, bool] = (None, False, False)
 
 
-def _is_default(textmap: Any) -> bool:
+def _kind(textmap: Any) -> tuple[bool, bool]:
+    """Whether ``textmap`` is made of the default propagators only, and whether it writes baggage."""
     global _checked
     if textmap is _checked[0]:
-        return _checked[1]
-    if isinstance(textmap, CompositePropagator):
-        members = getattr(textmap, "_propagators", None)  # no public accessor
-        default = isinstance(members, (list, tuple)) and any(
-            type(p) is TraceContextTextMapPropagator for p in members
-        ) and all(type(p) in _DEFAULT_KINDS for p in members)
-    else:
-        default = type(textmap) is TraceContextTextMapPropagator
-    _checked = (textmap, default)
-    return default
+        return _checked[1], _checked[2]
+    members = getattr(textmap, "_propagators", None) if isinstance(textmap, CompositePropagator) else [textmap]
+    if not isinstance(members, (list, tuple)):  # no public accessor: a changed SDK takes the general path
+        members = []
+    default = any(type(p) is TraceContextTextMapPropagator for p in members) \
+        and all(type(p) in _DEFAULT_KINDS for p in members)
+    with_baggage = any(isinstance(p, W3CBaggagePropagator) for p in members)
+    _checked = (textmap, default, with_baggage)
+    return default, with_baggage
 
 
 def inject_context(headers: Any, span: CallSpan) -> None:
     """Write ``traceparent`` (and ``tracestate``) for ``span`` into ``headers``."""
     context = span.context
-    if span.live is None and context.is_valid and _is_default(propagate.get_global_textmap()) \
-            and not baggage.get_all():
+    default, with_baggage = _kind(propagate.get_global_textmap())
+    if span.live is None and context.is_valid and default and not baggage.get_all():
         headers["traceparent"] = f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
         if context.trace_state:
             headers["tracestate"] = context.trace_state.to_header()
-        _mark_recorded(headers)
+        if with_baggage:
+            _mark_recorded(headers)
         return
     carrier = span.live if span.live is not None else trace.NonRecordingSpan(context)
     propagate.inject(headers, context=trace.set_span_in_context(carrier))
-    if headers.get("traceparent"):  # the mark travels with the W3C trace context, never alone
+    if with_baggage and headers.get("traceparent"):  # the mark travels with the W3C trace context, never alone
         _mark_recorded(headers)
 
 

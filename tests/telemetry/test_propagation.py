@@ -67,7 +67,9 @@ def test_default_propagators_get_the_same_headers(textmap: Any, members: list[An
     span = _span(flags, state)
     headers: dict[str, str] = {}
     inject_context(headers, span)
-    assert headers == {**_by_propagator(span), "baggage": RECORDED_ENTRY}
+    # the mark goes where baggage is propagated (OTEL_PROPAGATORS=tracecontext: no baggage header)
+    mark = {"baggage": RECORDED_ENTRY} if len(members) == 2 else {}
+    assert headers == {**_by_propagator(span), **mark}
     assert headers["traceparent"] == f"00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-{flags:02x}"
     assert ("tracestate" in headers) == bool(state)
 
@@ -84,15 +86,48 @@ def test_baggage_in_the_context_is_propagated(textmap: Any) -> None:
     assert headers["traceparent"].startswith("00-0af7651916cd43dd8448eb211c80319c-")
 
 
-@pytest.mark.parametrize("members", [[Upper()], [TraceContextTextMapPropagator(), Upper()]])
+@pytest.mark.parametrize("members", [
+    [Upper()], [TraceContextTextMapPropagator(), Upper()], [W3CBaggagePropagator(), Upper()],
+    [TraceContextTextMapPropagator(), W3CBaggagePropagator(), Upper()],
+])
 def test_other_propagators_are_used_as_configured(textmap: Any, members: list[Any]) -> None:
     textmap(CompositePropagator(members))
     headers: dict[str, str] = {}
     inject_context(headers, _span())
     assert headers["x-upper"] == "1"
-    assert ("traceparent" in headers) == (len(members) == 2)
-    # the mark travels with the W3C trace context only
-    assert headers.get("baggage") == (RECORDED_ENTRY if len(members) == 2 else None)
+    tracecontext = any(isinstance(p, TraceContextTextMapPropagator) for p in members)
+    assert ("traceparent" in headers) == tracecontext
+    # the mark travels with the W3C trace context, and only where baggage is propagated
+    with_baggage = any(isinstance(p, W3CBaggagePropagator) for p in members)
+    assert headers.get("baggage") == (RECORDED_ENTRY if tracecontext and with_baggage else None)
+
+
+def test_no_propagators_write_no_header(textmap: Any) -> None:
+    """``OTEL_PROPAGATORS=none``: neither ``traceparent`` nor the baggage mark."""
+    textmap(CompositePropagator([]))
+    headers: dict[str, str] = {"x-app": "1"}
+    inject_context(headers, _span())
+    assert headers == {"x-app": "1"}
+
+
+def test_otel_propagators_decides_in_a_fresh_process() -> None:
+    """The variable as users set it, read by OpenTelemetry at import: ``tracecontext`` alone sends
+    ``traceparent`` and no baggage; ``none`` sends neither."""
+    import os
+    import subprocess
+    import sys
+
+    script = ("from tests.telemetry.test_propagation import _span\n"
+              "from otel_llm.telemetry.propagation import inject_context\n"
+              "h = {}\ninject_context(h, _span())\nprint(sorted(h))")
+    root = str(__import__("pathlib").Path(__file__).resolve().parents[2])
+    seen = {}
+    for value in ("tracecontext,baggage", "tracecontext", "none"):
+        env = {**os.environ, "OTEL_PROPAGATORS": value, "PYTHONPATH": root}
+        seen[value] = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                                     env=env, cwd=root).stdout.strip()
+    assert seen == {"tracecontext,baggage": "['baggage', 'traceparent']", "tracecontext": "['traceparent']",
+                    "none": "[]"}
 
 
 @pytest.mark.parametrize("sent, merged", [

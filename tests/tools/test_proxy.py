@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import socket
 import statistics
@@ -27,9 +26,9 @@ import pytest
 from otel_llm import semconv as sc
 from otel_llm.export.jsonl import read_jsonl
 from otel_llm.tools.gateway.keys import format_hash, generate_key
+from otel_llm.tools.gateway.process import ProxyProcess
 from otel_llm.tools.gateway.proxy import request_headers
 from otel_llm.tools.gateway.settings import PROXY, ConfigError, is_loopback, load_config
-from otel_llm.tools.process import terminate
 from otel_llm.tools.sim import SimProcess
 from tests.conftest import raw_timeline
 
@@ -47,50 +46,17 @@ TOLERANCE = 0.005  # the proxy's time to first token against the simulator's tru
 LOOPBACK_ALLOWANCE = 0.002  # curl's first byte can be seen before the proxy notes its own, by this much
 BODY = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "where did the time go"}]}
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-_LISTENING = re.compile(r"listening on (?P<url>http://\S+)")
 
 
-class Proxy:
+class Proxy(ProxyProcess):
     """``otel-llm proxy`` in a child process, exporting spans to ``traces``; a context manager.
     The spans are complete once ``stop()`` returned (the exporter flushes at shutdown)."""
 
     def __init__(self, upstream: str, tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> None:
         self.traces = tmp_path / "proxy-traces.jsonl"
-        self.log_path = tmp_path / "proxy.log"
-        self.command = [OTEL_LLM, "proxy", "--upstream", upstream, "--listen", "127.0.0.1:0", *args]
-        self.env = {**os.environ, "PYTHONPATH": str(ROOT), "OTEL_LLM_TRACES_FILE": str(self.traces),
-                    "OTEL_LLM_HOST_METRICS": "false", "OTEL_LLM_GPU_METRICS": "false", **(env or {})}
-        self.url = ""
-        self.exit_code: int | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    def __enter__(self) -> Proxy:
-        with open(self.log_path, "wb") as log:
-            self._proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=log,
-                                          stderr=subprocess.STDOUT, env=self.env)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            match = _LISTENING.search(self.log())
-            if match:
-                self.url = match["url"]
-                return self
-            if self._proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"the proxy did not start:\n{self.log()}")
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def stop(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            terminate(proc, 15.0)
-            self.exit_code = proc.returncode
+        super().__init__(upstream, *args, log_path=tmp_path / "proxy.log", env={
+            "OTEL_LLM_TRACES_FILE": str(self.traces), "OTEL_LLM_HOST_METRICS": "false",
+            "OTEL_LLM_GPU_METRICS": "false", **(env or {})})
 
     def spans(self) -> list[dict[str, Any]]:
         return list(read_jsonl(self.traces)) if self.traces.exists() else []

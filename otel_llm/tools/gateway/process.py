@@ -1,4 +1,5 @@
-"""``GatewayProcess``: ``otel-llm gateway`` in a child process (tests, examples, benchmarks)."""
+"""``GatewayProcess`` and ``ProxyProcess``: ``otel-llm gateway`` and ``otel-llm proxy`` in a child process
+(tests, examples, benchmarks)."""
 
 from __future__ import annotations
 
@@ -17,13 +18,74 @@ import httpx
 from otel_llm.tools.process import terminate
 from otel_llm.tools.gateway.keys import format_hash, generate_key
 
-__all__ = ["GatewayProcess"]
+__all__ = ["GatewayProcess", "ProxyProcess"]
 
 _LISTENING = re.compile(r"listening on (?P<url>http://\S+)")
 _ROOT = Path(__file__).resolve().parents[2]
 
 
-class GatewayProcess:
+class _ChildServer:
+    """The gateway's server in a child process: started, its address read from its first line,
+    stopped gracefully; a context manager. Subclasses give the command."""
+
+    role = "gateway"
+
+    def __init__(self, env: dict[str, str] | None, startup_timeout: float, log_path: Path | None) -> None:
+        self.extra_env = env or {}
+        self.startup_timeout = startup_timeout
+        self._dir = Path(tempfile.mkdtemp(prefix=f"otel-llm-{self.role}-"))
+        self.log_path = log_path or self._dir / f"{self.role}.log"
+        self.url = ""
+        self.exit_code: int | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self._proc is not None
+        return self._proc.pid
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def start(self) -> Any:
+        env = {**os.environ, **self.extra_env}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_ROOT), env.get("PYTHONPATH")]))
+        with open(self.log_path, "wb") as log:
+            self._proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=log,
+                                          stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            match = _LISTENING.search(self.log())
+            if match:
+                self.url = match["url"]
+                return self
+            if self._proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        log_text = self.log()
+        self.stop()
+        raise RuntimeError(f"{self.role} did not start:\n{log_text}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self) -> int | None:
+        """SIGTERM (graceful: the exporters flush), then SIGKILL; the exit code."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return self.exit_code
+        terminate(proc, 15.0)
+        self.exit_code = proc.returncode
+        return proc.returncode
+
+    def __enter__(self) -> Any:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class GatewayProcess(_ChildServer):
     """Runs the gateway in front of ``upstream`` with the given keys; a context manager.
 
     ``keys`` maps key id -> policy fields (``routes``, ``models``, ``rate``, ...); a fresh secret
@@ -35,23 +97,13 @@ class GatewayProcess:
 
     def __init__(self, upstream: str, keys: dict[str, dict[str, Any]] | None = None, *,
                  env: dict[str, str] | None = None, startup_timeout: float = 30.0, **settings: Any) -> None:
+        super().__init__(env, startup_timeout, None)
         self.upstream = upstream
         self.settings = settings
-        self.extra_env = env or {}
-        self.startup_timeout = startup_timeout
         self.secrets = {key_id: generate_key() for key_id in (keys if keys is not None else {"default": {}})}
         self._keys = keys if keys is not None else {"default": {}}
-        self._dir = Path(tempfile.mkdtemp(prefix="otel-llm-gateway-"))
         self.keys_path = self._dir / "keys.toml"
-        self.log_path = self._dir / "gateway.log"
         self.access_log_path = self._dir / "access.jsonl"
-        self.url = ""
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def pid(self) -> int:
-        assert self._proc is not None
-        return self._proc.pid
 
     def _write_keys(self) -> None:
         lines = []
@@ -70,26 +122,8 @@ class GatewayProcess:
 
     def start(self) -> GatewayProcess:
         self._write_keys()
-        env = {**os.environ, **self.extra_env}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_ROOT), env.get("PYTHONPATH")]))
-        with open(self.log_path, "wb") as log:
-            self._proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=log,
-                                          stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + self.startup_timeout
-        while time.monotonic() < deadline:
-            match = _LISTENING.search(self.log())
-            if match:
-                self.url = match["url"]
-                return self
-            if self._proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        log_text = self.log()
-        self.stop()
-        raise RuntimeError(f"gateway did not start:\n{log_text}")
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        started: GatewayProcess = super().start()
+        return started
 
     def access_records(self) -> list[dict[str, Any]]:
         if not self.access_log_path.exists():
@@ -102,16 +136,32 @@ class GatewayProcess:
     def client(self, key_id: str = "default", **kwargs: Any) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers=self.headers(key_id), **kwargs)
 
-    def stop(self) -> int | None:
-        """SIGTERM (graceful), then SIGKILL; the exit code."""
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return None
-        terminate(proc, 10.0)
-        return proc.returncode
-
     def __enter__(self) -> GatewayProcess:
         return self.start()
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+
+class ProxyProcess(_ChildServer):
+    """Runs ``otel-llm proxy --upstream UPSTREAM --listen 127.0.0.1:0 ARGS...``; a context manager.
+
+    ``args`` are more flags (``--keys FILE``, ``--stream-usage on``...); ``env`` is added to the
+    child's environment (``OTEL_LLM_TRACES_FILE``...). What it prints (its address, a summary line
+    per call) goes to ``log_path``."""
+
+    role = "proxy"
+
+    def __init__(self, upstream: str, *args: str, env: dict[str, str] | None = None,
+                 startup_timeout: float = 30.0, log_path: Path | None = None) -> None:
+        super().__init__(env, startup_timeout, log_path)
+        self.upstream = upstream
+        self.args = args
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "otel_llm.tools.main", "proxy", "--upstream", self.upstream,
+                "--listen", "127.0.0.1:0", *self.args]
+
+    def start(self) -> ProxyProcess:
+        started: ProxyProcess = super().start()
+        return started
+
+    def __enter__(self) -> ProxyProcess:
+        return self.start()
