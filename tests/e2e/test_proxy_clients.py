@@ -33,7 +33,8 @@ from otel_llm_testing import LlamaServer
 from tests.conftest import raw_timeline
 from tests.other_clients import (GO_USER_AGENT, OPENAI_JS_USER_AGENT, go_client, node_openai, run_go,
                                  run_node)
-from tests.tools.test_proxy import CHAT, KIND_CLIENT, KIND_SERVER, Proxy, children, events, text_of
+from tests.tools.test_proxy import (CHAT, KIND_CLIENT, KIND_SERVER, Proxy, children, events, framing, skeleton,
+                                   text_of)
 
 pytestmark = [pytest.mark.backend, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -61,30 +62,6 @@ def without_own_values(body: bytes) -> tuple[bytes, int]:
         body, found = pattern.subn(lambda m: m[0].split(b":")[0] + b":_", body)
         count += found
     return body, count
-
-
-def skeleton(value: Any) -> Any:
-    """A JSON value's shape: the keys and the value types, and each object's ``object`` name."""
-    if isinstance(value, dict):
-        return {k: (v if k == "object" else skeleton(v)) for k, v in value.items()}
-    if isinstance(value, list):
-        return [skeleton(v) for v in value]
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return "number"
-    return type(value).__name__
-
-
-def framing(stream: bytes) -> list[Any]:
-    """A stream's events by shape, each run of same-shaped events (the tokens) as one."""
-    shapes: list[Any] = []
-    for line in stream.decode().splitlines():
-        if not line.startswith("data:"):
-            continue
-        data = line.removeprefix("data:").strip()
-        shape = data if data == "[DONE]" else skeleton(json.loads(data))
-        if not shapes or shapes[-1] != shape:
-            shapes.append(shape)
-    return shapes
 
 
 def phases(spans: list[dict[str, Any]], call: dict[str, Any]) -> list[str]:
@@ -219,7 +196,8 @@ def _wire_text(call: dict[str, Any]) -> str:
 
 def _against_llamacpp(llama: LlamaServer, tmp_path: Path, client: Client, user_agent: str, whole: bool) -> None:
     prompt = f"[{uuid.uuid4().hex}] Count from one to ten."  # nothing cached: a real prefill
-    body = {"model": "gemma", "stream": True, "max_tokens": 12, "temperature": 0, "seed": 7,
+    # no prompt cache: the direct call after the proxied one computes the same way, so the text matches
+    body = {"model": "gemma", "stream": True, "max_tokens": 12, "temperature": 0, "seed": 7, "cache_prompt": False,
             "messages": [{"role": "user", "content": prompt}]}
     bodies = [body] + ([{**body, "stream": False}] if whole else [])
     with Proxy(llama.base_url, tmp_path, env={"OTEL_LLM_CAPTURE_CONTENT": "true"}) as proxy:
@@ -227,6 +205,7 @@ def _against_llamacpp(llama: LlamaServer, tmp_path: Path, client: Client, user_a
     assert proxy.exit_code == 0, proxy.log()
     direct = [client(llama.base_url, b, tmp_path / f"direct-{b['stream']}.body") for b in bodies]
     assert all(texts) and all(direct), (texts, direct)
+    assert texts == direct, "the same text as when called directly"
 
     spans = proxy.spans()
     calls = call_spans(spans, len(bodies), user_agent)

@@ -1,5 +1,6 @@
 """``otel-llm proxy`` in front of the real llama.cpp server: curl, which knows nothing of
-OpenTelemetry, gets a call span with llama.cpp's own timings, as an instrumented client would."""
+OpenTelemetry, gets a call span with llama.cpp's own timings, as an instrumented client would,
+and reads the same events and text as when it calls llama.cpp directly."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 from otel_llm import semconv as sc
 from otel_llm_testing import LlamaServer
-from tests.tools.test_proxy import CHAT, KIND_CLIENT, KIND_SERVER, Proxy, children, curl, events, text_of
+from tests.tools.test_proxy import CHAT, KIND_CLIENT, KIND_SERVER, Proxy, children, curl, events, framing, text_of
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.flaky(reruns=2), pytest.mark.runtime, pytest.mark.slow]
 
@@ -23,13 +24,15 @@ def server() -> Iterator[LlamaServer]:
 
 
 def test_curl_through_the_proxy_gets_llamacpps_timings(server: LlamaServer, tmp_path: Path) -> None:
-    body = {"model": "gemma", "stream": True, "max_tokens": 12, "temperature": 0,
+    body = {"model": "gemma", "stream": True, "max_tokens": 12, "temperature": 0, "cache_prompt": False,
             "messages": [{"role": "user", "content": f"[{uuid.uuid4().hex}] Count from one to ten."}]}
     with Proxy(server.base_url, tmp_path) as proxy:
         stream, timing = curl(proxy.url + CHAT, body)
     assert proxy.exit_code == 0, proxy.log()
     assert timing["status"] == 200 and text_of(stream), stream[-500:]
     assert events(stream)[-1] == "[DONE]"
+    direct, _ = curl(server.base_url + CHAT, body)
+    assert text_of(stream) == text_of(direct) and framing(stream) == framing(direct), (stream, direct)
 
     spans = proxy.spans()
     (server_span,) = [s for s in spans if s["kind"] == KIND_SERVER]

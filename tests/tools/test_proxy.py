@@ -94,6 +94,30 @@ def events(stream: bytes) -> list[Any]:
     return out
 
 
+def skeleton(value: Any) -> Any:
+    """A JSON value's shape: the keys and the value types, and each object's ``object`` name."""
+    if isinstance(value, dict):
+        return {k: (v if k == "object" else skeleton(v)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [skeleton(v) for v in value]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return "number"
+    return type(value).__name__
+
+
+def framing(stream: bytes) -> list[Any]:
+    """A stream's events by shape, each run of same-shaped events (the tokens) as one."""
+    shapes: list[Any] = []
+    for line in stream.decode().splitlines():
+        if not line.startswith("data:"):
+            continue
+        data = line.removeprefix("data:").strip()
+        shape = data if data == "[DONE]" else skeleton(json.loads(data))
+        if not shapes or shapes[-1] != shape:
+            shapes.append(shape)
+    return shapes
+
+
 def text_of(stream: bytes) -> str:
     return "".join(choice["delta"].get("content") or "" for event in events(stream) if isinstance(event, dict)
                    for choice in event["choices"])
