@@ -46,7 +46,6 @@ import os
 import random
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -57,38 +56,25 @@ from typing import Any
 import psutil
 
 from otel_llm.tools.gateway.process import GatewayProcess, ProxyProcess
-from otel_llm.tools.process import terminate
 from otel_llm.tools.sim import SimProcess
+from otel_llm_testing.nginx import NGINX, NginxServer
 
 TARGET_ADDED_MEDIAN_MS = 1.0
 PROXY_TARGET_ADDED_MEDIAN_MS = 0.5
 PATH = "/v1/chat/completions"
-NGINX = "/usr/sbin/nginx"
 RELAYS = ("gateway", "proxy", "nginx")
 SEED = 20261205  # the order of the ways in each round: the same sequence in every run
-_NGINX_CONF = """worker_processes 1;
-pid {dir}/nginx.pid;
-error_log {dir}/error.log warn;
-events {{ worker_connections 512; }}
-http {{
-    access_log off;
-    client_body_temp_path {dir}/body;
-    proxy_temp_path {dir}/proxy;
-    fastcgi_temp_path {dir}/fastcgi;
-    uwsgi_temp_path {dir}/uwsgi;
-    scgi_temp_path {dir}/scgi;
-    upstream model {{
-        server 127.0.0.1:{upstream};
-        keepalive 16;
-    }}
-    server {{
-        listen 127.0.0.1:{port};
-        location / {{
-            proxy_pass http://model;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_buffering off;
-        }}
+_NGINX_SITE = """upstream model {{
+    server 127.0.0.1:{upstream};
+    keepalive 16;
+}}
+server {{
+    listen 127.0.0.1:{port};
+    location / {{
+        proxy_pass http://model;
+        proxy_http_version 1.1;
+        proxy_set_header Connection "";
+        proxy_buffering off;
     }}
 }}
 """
@@ -156,39 +142,20 @@ class ProxyRelay(Relay):
 
 
 class NginxRelay(Relay):
-    """Debian's nginx, one worker, in its own prefix under ``scratch``."""
+    """Debian's nginx, one worker, in its own temporary prefix."""
 
     name = "nginx"
 
-    def __init__(self, upstream_port: int, scratch: Path) -> None:
+    def __init__(self, upstream_port: int) -> None:
         self.port = _free_port()
-        self.dir = scratch / "nginx"
-        self.dir.mkdir()
-        (self.dir / "nginx.conf").write_text(_NGINX_CONF.format(dir=self.dir, upstream=upstream_port, port=self.port))
-        log = open(self.dir / "stderr.log", "wb")
-        self._popen = subprocess.Popen([NGINX, "-p", str(self.dir), "-c", str(self.dir / "nginx.conf"),
-                                        "-g", "daemon off;"], stdin=subprocess.DEVNULL, stdout=log, stderr=log)
-        log.close()
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if self._popen.poll() is not None:
-                break
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                self._master = psutil.Process(self._popen.pid)
-                return
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        logs = [(self.dir / name).read_text(errors="replace") for name in ("stderr.log", "error.log")
-                if (self.dir / name).exists()]
-        raise RuntimeError("nginx did not start:\n" + "\n".join(logs))
+        self._server = NginxServer(_NGINX_SITE.format(upstream=upstream_port, port=self.port), self.port).start()
+        self._master = psutil.Process(self._server.pid)
 
     def processes(self) -> list[psutil.Process]:
         return [self._master, *self._master.children(recursive=True)]
 
     def stop(self) -> None:
-        terminate(self._popen, 10.0)
+        self._server.stop()
 
 
 class RawConnection:
@@ -442,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
                 proxy = running.enter_context(ProxyProcess(sim.base_url, env=env))
                 relays.append(ProxyRelay(proxy))
             else:
-                nginx = NginxRelay(sim.port, Path(scratch))
+                nginx = NginxRelay(sim.port)
                 running.callback(nginx.stop)
                 relays.append(nginx)
         if placement:

@@ -1,9 +1,11 @@
 """Debian's nginx on loopback, running the shipped ``deploy/nginx/otel-llm-gateway.conf``.
 
 ``NginxProxy`` renders that file with a test's own listening port, certificate and upstream
-address (nothing else changes, unless ``edit`` says so: a test of a misconfigured proxy), wraps it
-in a minimal main configuration in a temporary directory and runs ``nginx -g 'daemon off;'``.
-``ensure_nginx()`` installs the ``nginx-light`` package when nginx is missing (as root).
+address (nothing else changes, unless ``edit`` says so: a test of a misconfigured proxy) and runs
+it with ``NginxServer``: any site configuration, wrapped in a minimal main configuration in a
+temporary directory, under ``nginx -g 'daemon off;'`` (``benchmarks/gateway.py`` runs its plain
+``proxy_pass`` that way). ``ensure_nginx()`` installs the ``nginx-light`` package when nginx is
+missing (as root).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from otel_llm.tools.process import terminate
 from otel_llm_testing.llama_server import free_port
 from otel_llm_testing.markers import need
 
-__all__ = ["NGINX", "SHIPPED_CONF", "NginxError", "NginxProxy", "ensure_nginx", "render"]
+__all__ = ["NGINX", "SHIPPED_CONF", "NginxError", "NginxProxy", "NginxServer", "ensure_nginx", "render"]
 
 NGINX = "/usr/sbin/nginx"
 SHIPPED_CONF = Path(__file__).resolve().parents[2] / "deploy" / "nginx" / "otel-llm-gateway.conf"
@@ -74,34 +76,26 @@ def render(text: str, port: int, upstream: str, cert: str, key: str) -> str:
     return text
 
 
-class NginxProxy:
-    """nginx with TLS on ``127.0.0.1:port`` in front of ``upstream`` (host:port); a context manager.
-    ``edit`` rewrites the rendered configuration (a proxy configured otherwise)."""
+class NginxServer:
+    """nginx serving ``site`` (what goes in the ``http`` block) and listening on ``port``, in a
+    temporary prefix; a context manager. ``start()`` returns once the port accepts connections."""
 
-    def __init__(self, upstream: str, cert: str, key: str, edit: Callable[[str], str] | None = None,
-                 conf: Path = SHIPPED_CONF) -> None:
-        self.upstream, self.cert, self.key, self.edit, self.conf = upstream, cert, key, edit, conf
-        self.port = 0
-        self._dir = Path(tempfile.mkdtemp(prefix="otel-llm-nginx-"))
+    def __init__(self, site: str, port: int, binary: str = NGINX) -> None:
+        self.site, self.port, self.binary = site, port, binary
+        self.dir = Path(tempfile.mkdtemp(prefix="otel-llm-nginx-"))
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
-    def url(self) -> str:
-        return f"https://localhost:{self.port}"
+    def pid(self) -> int:
+        """The master process's."""
+        assert self._proc is not None
+        return self._proc.pid
 
-    @property
-    def site(self) -> str:
-        return (self._dir / "site.conf").read_text()
-
-    def start(self) -> NginxProxy:
-        need("backend", "nginx")
-        binary = ensure_nginx()
-        self.port = free_port()
-        site = render(self.conf.read_text(), self.port, self.upstream, self.cert, self.key)
-        (self._dir / "site.conf").write_text(self.edit(site) if self.edit else site)
-        (self._dir / "nginx.conf").write_text(_MAIN.format(dir=self._dir))
-        log = open(self._dir / "stderr.log", "wb")
-        self._proc = subprocess.Popen([binary, "-p", str(self._dir), "-c", str(self._dir / "nginx.conf"),
+    def start(self) -> NginxServer:
+        (self.dir / "site.conf").write_text(self.site)
+        (self.dir / "nginx.conf").write_text(_MAIN.format(dir=self.dir))
+        log = open(self.dir / "stderr.log", "wb")
+        self._proc = subprocess.Popen([self.binary, "-p", str(self.dir), "-c", str(self.dir / "nginx.conf"),
                                        "-g", "daemon off;"], stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         log.close()
         deadline = time.monotonic() + 20
@@ -117,13 +111,54 @@ class NginxProxy:
         raise NginxError(f"nginx did not listen on {self.port}:\n{self.log()}")
 
     def log(self) -> str:
-        return "\n".join(p.read_text(errors="replace") for p in (self._dir / "stderr.log", self._dir / "error.log")
+        return "\n".join(p.read_text(errors="replace") for p in (self.dir / "stderr.log", self.dir / "error.log")
                          if p.exists())
 
     def stop(self) -> None:
         proc, self._proc = self._proc, None
         if proc is not None:
             terminate(proc, 10.0)
+
+    def __enter__(self) -> NginxServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class NginxProxy:
+    """nginx with TLS on ``127.0.0.1:port`` in front of ``upstream`` (host:port); a context manager.
+    ``edit`` rewrites the rendered configuration (a proxy configured otherwise)."""
+
+    def __init__(self, upstream: str, cert: str, key: str, edit: Callable[[str], str] | None = None,
+                 conf: Path = SHIPPED_CONF) -> None:
+        self.upstream, self.cert, self.key, self.edit, self.conf = upstream, cert, key, edit, conf
+        self.port = 0
+        self._server: NginxServer | None = None
+
+    @property
+    def url(self) -> str:
+        return f"https://localhost:{self.port}"
+
+    @property
+    def site(self) -> str:
+        assert self._server is not None
+        return self._server.site
+
+    def start(self) -> NginxProxy:
+        need("backend", "nginx")
+        binary = ensure_nginx()
+        self.port = free_port()
+        site = render(self.conf.read_text(), self.port, self.upstream, self.cert, self.key)
+        self._server = NginxServer(self.edit(site) if self.edit else site, self.port, binary).start()
+        return self
+
+    def log(self) -> str:
+        return self._server.log() if self._server is not None else ""
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
 
     def __enter__(self) -> NginxProxy:
         return self.start()
