@@ -10,6 +10,8 @@ import argparse
 import json
 import re
 import sys
+from collections.abc import Mapping
+from typing import Any
 
 from otel_llm.tools.gateway.settings import ENV_VARS, ConfigError, load_config, split_route
 from otel_llm.tools.gateway.keys import format_hash, generate_key
@@ -71,18 +73,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.action == "keygen":
         return _keygen(args)
-    settings = {name: getattr(args, name, None) for name in ENV_VARS}
-    try:
-        config = load_config(settings)
-    except ConfigError as exc:
-        print(f"otel-llm gateway: {exc}", file=sys.stderr)
-        return 2
-    from otel_llm.tools.gateway.server import serve
+    return serve_settings("otel-llm gateway", {name: getattr(args, name, None) for name in ENV_VARS})
 
+
+def serve_settings(command: str, settings: dict[str, Any], environ: Mapping[str, str] | None = None) -> int:
+    """Load the settings and serve until stopped; a configuration error is one line and exit code 2."""
     try:
+        config = load_config(settings, environ=environ)
+        from otel_llm.tools.gateway.server import serve
+
         return serve(config)
     except ConfigError as exc:
-        print(f"otel-llm gateway: {exc}", file=sys.stderr)
+        print(f"{command}: {exc}", file=sys.stderr)
         return 2
 
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from otel_llm.tools.commands.gateway import SETTING_FLAGS
-from otel_llm.tools.gateway.settings import PROXY, ConfigError, load_config
+from otel_llm.tools.commands.gateway import SETTING_FLAGS, serve_settings
+from otel_llm.tools.gateway.settings import PROXY
 
 __all__ = ["DEFAULT_LISTEN", "add_arguments", "run"]
 
@@ -53,15 +53,4 @@ def run(args: argparse.Namespace) -> int:
         print("otel-llm proxy: give the model server with --upstream URL, e.g. --upstream http://127.0.0.1:11434",
               file=sys.stderr)
         return 2
-    try:
-        config = load_config(settings, environ={})
-    except ConfigError as exc:
-        print(f"otel-llm proxy: {exc}", file=sys.stderr)
-        return 2
-    from otel_llm.tools.gateway.server import serve
-
-    try:
-        return serve(config)
-    except ConfigError as exc:
-        print(f"otel-llm proxy: {exc}", file=sys.stderr)
-        return 2
+    return serve_settings("otel-llm proxy", settings, environ={})
