@@ -200,12 +200,16 @@ def test_the_listener_s_descendants_share_its_runtime_until_discarded(listen: Ca
 
 def _as_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
     """This process looks like vLLM from /proc (otel_llm instrumenting inside a vLLM server)."""
-    real = psutil.Process.cmdline
+    real, real_name = psutil.Process.cmdline, psutil.Process.name
 
     def cmdline(self: psutil.Process) -> list[str]:
         return ["python3", "-m", "vllm.entrypoints.openai.api_server"] if self.pid == os.getpid() else real(self)
 
+    def name(self: psutil.Process) -> str:  # "pytest" when run as the pytest script, not python -m pytest
+        return "python3" if self.pid == os.getpid() else real_name(self)
+
     monkeypatch.setattr(psutil.Process, "cmdline", cmdline)
+    monkeypatch.setattr(psutil.Process, "name", name)
     assert processes._runtime_of(psutil.Process()) == "vllm"
 
 

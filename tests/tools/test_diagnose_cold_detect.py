@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import otel_llm
 from otel_llm.tools.diagnose.cold import ColdControl, cold_trials, cold_verdict_evidence, model_loaded
-from otel_llm.tools.detect import detect, detect_api, runtime_hint
+from otel_llm.tools.detect import detect, detect_api, loaded_model, runtime_hint
 from otel_llm.tools.diagnose.trials import Trial, TrialRunner
 from otel_llm.tools.sim import SimProcess
 
@@ -106,12 +106,30 @@ def test_detect_openai_only_server(vllm_like: str) -> None:
 
 
 def test_detect_vllm_sim_is_seen_as_ollama_because_the_sim_serves_every_listing() -> None:
-    # The simulator answers /api/version and "Ollama is running" whatever its runtime flavour,
-    # so a route-based detector cannot tell its vllm flavour from Ollama. Documented, not a bug here.
+    # The simulator answers /api/version and "Ollama is running" whatever its runtime flavour, so a
+    # route-based detector cannot tell its vllm flavour from Ollama (llama.cpp's has /props: above).
+    # Documented on the simulator's page.
     with SimProcess(runtime="vllm", model=MODEL) as sim:
         assert detect_api(sim.base_url) == "ollama"
         assert sim.stats()["requests"] >= 1
         assert not any(r.startswith("POST") for r in sim.stats()["routes"])
+
+
+@pytest.mark.parametrize("concurrency, slots", [("serialized", 1), ("parallel", None)])
+def test_detect_llamacpp_sim_by_its_props(concurrency: str, slots: int | None) -> None:
+    """The llama.cpp flavour answers ``GET /props`` as llama-server does, so it is told from Ollama
+    (whose routes it also serves) and its context, model file and slots are read; a parallel
+    simulator has no slot count and claims none."""
+    with SimProcess(runtime="llama.cpp", model=MODEL, concurrency=concurrency) as sim:
+        found = detect(sim.base_url + "/v1", model=MODEL)
+        assert (found.api, found.runtime, found.version) == ("llamacpp", "llama.cpp", "otel-llm sim")
+        assert detect_api(sim.base_url) == "llamacpp"
+        info = loaded_model(sim.base_url, found.runtime, found.api, MODEL)
+        assert info is not None
+        assert (info.context_length, info.model, info.slots) == (4096, f"/models/{MODEL}.gguf", slots)
+        assert not any(r.startswith("POST") for r in sim.stats()["routes"])
+    with SimProcess(runtime="ollama", model=MODEL) as sim:  # other flavours: no /props
+        assert httpx.get(sim.base_url + "/props", timeout=10).status_code == 404
 
 
 @pytest.mark.runtime

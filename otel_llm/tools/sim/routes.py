@@ -68,6 +68,8 @@ async def _route(state: SimState, request: Request, method: str, responder: Resp
     path = request.path
     if method == "GET" and path in _LISTINGS:
         await responder.send_json(200, _LISTINGS[path](state))
+    elif method == "GET" and path == "/props" and state.config.runtime == "llama.cpp":
+        await responder.send_json(200, llamacpp.props(state.config.model, state.config.concurrency == "serialized"))
     elif method == "GET" and path == "/":
         await responder.send(200, b"Ollama is running", "text/plain; charset=utf-8")
     elif method == "POST" and path.startswith("/sim/"):

@@ -1,4 +1,4 @@
-"""llama.cpp server: /completion (SSE without [DONE]) and the ``timings`` object."""
+"""llama.cpp server: /completion (SSE without [DONE]), the ``timings`` object and ``GET /props``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ from typing import Any
 
 from .base import Timeline, Wire, ms, piece, prompt_text, sse
 
-__all__ = ["CompletionWire", "timings"]
+__all__ = ["CONTEXT", "CompletionWire", "props", "timings"]
+
+CONTEXT = 4096  # the context each simulated slot holds, as /props says
 
 
 def _ratio(numerator: float, denominator: float) -> float | None:
@@ -29,6 +31,19 @@ def timings(tl: Timeline) -> dict[str, Any]:
         "predicted_per_token_ms": _ratio(predicted_ms, predicted_n),
         "predicted_per_second": _ratio(1000.0 * predicted_n, predicted_ms),
     }
+
+
+def props(model: str, serialized: bool) -> dict[str, Any]:
+    """``GET /props`` in llama-server's shape: what tells a client (``otel-llm diagnose``, the
+    runtime poller) that the server is llama.cpp, and the context, model file and slots."""
+    answer: dict[str, Any] = {
+        "default_generation_settings": {"id": 0, "n_ctx": CONTEXT, "params": {"n_predict": -1}},
+        "model_path": f"/models/{model}.gguf",
+        "build_info": "otel-llm sim",
+    }
+    if serialized:  # one slot; in parallel mode the simulator has no slot count to give
+        answer["total_slots"] = 1
+    return answer
 
 
 class CompletionWire(Wire):
