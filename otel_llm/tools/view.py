@@ -7,7 +7,10 @@ When several processes' spans meet in one file (a collector's file exporter fed 
 application, ``otel-llm gateway`` and the runtime), a model call made on behalf of another one in
 the same trace (the gateway relaying it) is a hop of that call, shown under it and not counted
 again, and a SERVER span the runtime exported itself (vLLM's ``llm_request``) is the runtime's own
-account of the call that reached it.
+account of the call that reached it. A call ``otel-llm proxy`` made for a client in another
+language sits under the proxy's SERVER span, which says what only the proxy saw of the caller
+(its user agent, when the head and the first token were written to it, how long writes waited
+for it to read, whether it hung up): one line under the call's header.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ class ModelCall:
     runtime: list[SpanDict] = field(default_factory=list)  # llm.synthesized=true
     relayed: list[ModelCall] = field(default_factory=list)  # calls made on its behalf (a gateway's)
     served: list[SpanDict] = field(default_factory=list)  # the runtime's own SERVER spans
+    caller: SpanDict | None = None  # otel-llm proxy's SERVER span: the caller's side of the call
 
     @property
     def start_ns(self) -> int:
@@ -82,6 +86,10 @@ def group_calls(spans: Iterable[SpanDict]) -> list[ModelCall]:
             caller = _calling(unique, calls, key)
             if caller is not None:
                 caller.served.append(span)
+    for key, call in calls.items():
+        parent = unique.get((key[0], call.span.get("parentSpanId") or ""))
+        if parent is not None and _is_proxy_server(parent):
+            call.caller = parent
     outer = {key: call for key, call in calls.items() if not _relay(unique, calls, key)}
     for call in calls.values():
         for spans in (call.phases, call.runtime, call.served):
@@ -97,6 +105,15 @@ def _is_runtime_report(span: SpanDict) -> bool:
     """A SERVER span with the runtime's own gen_ai latencies (vLLM's ``llm_request``)."""
     attrs = span.get("attributes") or {}
     return span.get("kind") == _KIND_SERVER and any(k.startswith(sc.VLLM_LATENCY_PREFIX) for k in attrs)
+
+
+def _is_proxy_server(span: SpanDict) -> bool:
+    """``otel-llm proxy``'s SERVER span (it carries ``llm.proxy.*`` once the head was written)."""
+    attrs = span.get("attributes") or {}
+    return span.get("kind") == _KIND_SERVER and any(k.startswith(_PROXY_PREFIX) for k in attrs)
+
+
+_PROXY_PREFIX = "llm.proxy."
 
 
 def _calling(unique: Mapping[tuple[str, str], SpanDict], calls: Mapping[tuple[str, str], ModelCall],
@@ -181,7 +198,32 @@ def _header(call: ModelCall, width: int) -> list[str]:
     first = [span.get("name") or "model call", server, _status(span), _format_start(call.start_ns),
              f"total {format_duration(call.duration_ns / 1e9)}"]
     return ["  ".join(str(p) for p in first if p), *_pack(_measurements(attrs) + _diagnosis(attrs), width),
-            *_pack(_request(attrs), width)]
+            *_pack(_request(attrs), width), *_pack(_caller(call.caller), width)]
+
+
+def _caller(span: SpanDict | None) -> list[str]:
+    """What the proxy saw of the caller, from the request's arrival at the proxy."""
+    if span is None:
+        return []
+    attrs = span.get("attributes") or {}
+    parts = ["via otel-llm proxy"]
+    agent = attrs.get(sc.USER_AGENT_ORIGINAL)
+    if isinstance(agent, str) and agent:
+        parts.append(f"caller {agent[:60]}")
+    for label, key in (("head written", sc.LLM_PROXY_TIME_TO_FIRST_BYTE),
+                       ("first token written", sc.LLM_PROXY_TIME_TO_FIRST_TOKEN)):
+        value = finite_number(attrs.get(key))
+        if value is not None:
+            parts.append(f"{label} {format_duration(value)}")
+    wait = finite_number(attrs.get(sc.LLM_PROXY_WRITE_WAIT))
+    if wait is not None and wait >= _NOTABLE_WRITE_WAIT:
+        parts.append(f"caller read slowly: writes waited {format_duration(wait)}")
+    if attrs.get(sc.LLM_GATEWAY_OUTCOME) == "client_closed":
+        parts.append("caller hung up")
+    return parts
+
+
+_NOTABLE_WRITE_WAIT = 0.001  # below, writes went straight into the socket buffer
 
 
 def format_bytes(value: float) -> str:

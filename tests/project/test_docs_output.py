@@ -49,6 +49,7 @@ HINT = (f"if the change is intended, rewrite the snippets from a fresh run:\n"
 # on its default listen address
 SIM_URL = "http://127.0.0.1:11434"
 GATEWAY_ADDRESS = "127.0.0.1:8080"
+PROXY_ADDRESS = "127.0.0.1:8081"  # the proxy's default listen address
 # where a command's working directory shows (diagnose prints the traces file's absolute path)
 PROJECT_DIR = "/home/you/project"
 KEY_PLACEHOLDER = "<key>"
@@ -66,6 +67,10 @@ MEANINGFUL = {
                      f"primary verdicts: {SIM_URL} -> queueing", f"trials traced to {PROJECT_DIR}/"],
     "bench.txt": [f"$ otel-llm bench {SIM_URL} --model {MODEL}", "concurrency 1 ", "concurrency 2 ", "TTFT p50",
                   "meets SLO", "highest load meeting the SLO", "): concurrency 1"],
+    "proxy.txt": ["$ otel-llm proxy --upstream http://127.0.0.1:11434", "listening on http://127.0.0.1:8081",
+                  "no authentication: loopback only", "$ curl -sS -N http://127.0.0.1:8081/v1/chat/completions",
+                  "data: [DONE]", "otel-llm  chat llama3.2", "$ otel-llm view otel-llm-traces.jsonl",
+                  "via otel-llm proxy  caller curl/", "head written", "first token written", "runtime.prefill"],
     "gateway.txt": ["$ otel-llm gateway keygen alice --routes '/v1/*' >> keys.toml", KEY_PLACEHOLDER,
                     f"--listen {GATEWAY_ADDRESS}", f"listening on http://{GATEWAY_ADDRESS} -> {SIM_URL}",
                     "$ curl -sS -i", f"Bearer {KEY_PLACEHOLDER}", "HTTP/1.1 200 OK", "server-timing: auth;dur=",
@@ -84,6 +89,9 @@ DIAGNOSE_SIM = ["--runtime", "ollama", "--model", MODEL, "--concurrency", "seria
 BENCH_SIM = ["--runtime", "ollama", "--model", MODEL, "--concurrency", "serialized",
              "--first-token-delay", "0.05", "--token-interval", "0.03"]
 GATEWAY_SIM = ["--runtime", "ollama", "--model", MODEL, "--first-token-delay", "0.1", "--token-interval", "0.02"]
+# llama.cpp's OpenAI-compatible stream carries its timings: the view shows the runtime's rows too
+PROXY_SIM = ["--runtime", "llama.cpp", "--model", MODEL, "--first-token-delay", "0.1", "--token-interval", "0.04",
+             "--tokens", "6"]
 
 # --- normalization -------------------------------------------------------------------------------
 
@@ -314,11 +322,8 @@ def test_gateway(tmp_path: Path) -> None:
     with _sim(GATEWAY_SIM, tmp_path) as url:
         serve = [OTEL_LLM, "gateway", "--upstream", url, "--listen", listen, "--keys", "keys.toml"]
         log = tmp_path / "gateway.log"
-        with log.open("w") as log_file:
-            gateway = subprocess.Popen(serve, cwd=tmp_path, env=_env(), text=True, stdin=subprocess.DEVNULL,
-                                       stdout=log_file, stderr=subprocess.STDOUT)
+        gateway, started = _serve(serve, log)
         try:
-            started = _wait_for(log, lambda text: "listening on" in text, gateway)
             body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8})
             curl = ["curl", "-sS", "-i", f"http://{listen}/v1/chat/completions",
                     "-H", f"Authorization: Bearer {key}", "-H", "Content-Type: application/json", "-d", body]
@@ -334,6 +339,46 @@ def test_gateway(tmp_path: Path) -> None:
               "# meanwhile, the gateway's access log line for that call (its stderr, in the first terminal):",
               access.strip("\n")]
     check_snippet("gateway.txt", _stable("\n".join(shown) + "\n", tmp_path, urls))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("curl") is None, reason="the snippet shows a curl call")
+def test_proxy(tmp_path: Path) -> None:
+    """``otel-llm proxy``: curl streams through it, the proxy prints the call's summary line, and
+    ``otel-llm view`` draws the call with the caller's side."""
+    listen = f"127.0.0.1:{_free_port()}"
+    with _sim(PROXY_SIM, tmp_path) as url:
+        serve = [OTEL_LLM, "proxy", "--upstream", url, "--listen", listen]
+        log = tmp_path / "proxy.log"
+        proxy, started = _serve(serve, log)
+        try:
+            body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "Hello"}], "stream": True})
+            curl = ["curl", "-sS", "-N", f"http://{listen}/v1/chat/completions",
+                    "-H", "Content-Type: application/json", "-d", body]
+            answer = _run(curl, tmp_path)
+            logged = _wait_for(log, lambda text: "otel-llm  chat" in text, proxy)
+        finally:
+            _stop(proxy)  # the spans are in the traces file once it stopped
+    view = [OTEL_LLM, "view", "otel-llm-traces.jsonl"]
+    drawn = _run(view, tmp_path)
+    shown = [_command(serve).replace(f" --listen {listen}", ""), started.rstrip("\n"), "",
+             "# in a second terminal:", _command(curl), answer.rstrip("\n"), "",
+             "# the proxy's summary line for that call (its stderr, in the first terminal):",
+             logged[len(started):].strip("\n"), "", "# once the proxy has stopped:", _command(view), drawn]
+    check_snippet("proxy.txt", _stable("\n".join(shown) + "\n", tmp_path, {url: SIM_URL, listen: PROXY_ADDRESS}))
+
+
+def _serve(argv: Sequence[str], log: Path) -> tuple[subprocess.Popen[str], str]:
+    """Start a server in ``log``'s folder, its output to ``log``; the process and its first line(s),
+    once it says it is listening."""
+    with log.open("w") as log_file:
+        proc = subprocess.Popen(argv, cwd=log.parent, env=_env(), text=True, stdin=subprocess.DEVNULL,
+                                stdout=log_file, stderr=subprocess.STDOUT)
+    try:
+        return proc, _wait_for(log, lambda text: "listening on" in text, proc)
+    except BaseException:
+        _stop(proc)
+        raise
 
 
 def _wait_for(path: Path, ready: Callable[[str], bool], proc: subprocess.Popen[str], timeout: float = 20.0) -> str:
@@ -360,7 +405,8 @@ def test_each_snippet_is_stored_and_reads_as_a_terminal_session() -> None:
         assert text.startswith("$ "), name
         _assert_meaningful(name, text, name)
         ports = set(re.findall(r"127\.0\.0\.1:(\d+)", text))
-        assert ports <= {"11434", "8080"}, (name, ports)
+        assert ports <= {_authority(a).rsplit(":", 1)[1] for a in (SIM_URL, GATEWAY_ADDRESS, PROXY_ADDRESS)}, \
+            (name, ports)
         for temporary in ("/tmp/", "pytest-of-", "olk_"):
             assert temporary not in text, (name, temporary)
         assert all(line == line.rstrip() for line in text.splitlines()), name

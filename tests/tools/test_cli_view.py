@@ -338,3 +338,51 @@ def test_a_speculative_call_shows_its_draft_acceptance_beside_the_runtime(tmp_pa
     drafted, plain = render_calls(read_jsonl(path), WIDTH).split("\n\n")[:2]
     assert "runtime llama.cpp draft accepted 72% (33/46)" in " ".join(drafted.split())  # lines may wrap
     assert "draft" not in plain
+
+
+def _proxied(path: Path, server_attrs: dict[str, Any]) -> None:
+    """A call made by ``otel-llm proxy`` for a client in another language: under the proxy's
+    SERVER span, which carries the caller's side."""
+    tracer = _tracer(path)
+    server = tracer.start_span("POST /v1/chat/completions", kind=SpanKind.SERVER, start_time=T0,
+                               attributes=server_attrs)
+    under = trace.set_span_in_context(server)
+    call = tracer.start_span("chat tiny", context=under, kind=SpanKind.CLIENT, start_time=T0 + MS,
+                             attributes=_attrs("tiny"))
+    call.end(end_time=T0 + 900 * MS)
+    server.end(end_time=T0 + 910 * MS)
+
+
+def _caller_line(path: Path) -> str | None:
+    lines = [line for line in render_calls(read_jsonl(path), width=200).splitlines()
+             if line.startswith("  via otel-llm proxy")]
+    assert len(lines) <= 1
+    return lines[0] if lines else None
+
+
+def test_a_call_through_the_proxy_shows_the_callers_side(tmp_path: Path) -> None:
+    path = tmp_path / "traces.jsonl"
+    _proxied(path, {sc.USER_AGENT_ORIGINAL: "curl/8.5.0", sc.LLM_PROXY_TIME_TO_FIRST_BYTE: 0.0012,
+                    sc.LLM_PROXY_TIME_TO_FIRST_TOKEN: 0.2013, sc.LLM_PROXY_WRITE_WAIT: 0.35,
+                    sc.LLM_GATEWAY_OUTCOME: "client_closed"})
+    (call,) = group_calls(read_jsonl(path))
+    assert call.caller is not None and call.caller["name"] == "POST /v1/chat/completions"
+    assert _caller_line(path) == ("  via otel-llm proxy  caller curl/8.5.0  head written 1.2ms  first token written "
+                                  "201.3ms  caller read slowly: writes waited 350.0ms  caller hung up")
+
+
+@pytest.mark.parametrize("server_attrs, line", [
+    # a caller that kept reading (writes went straight into the socket buffer): no slow-reader note
+    ({sc.LLM_PROXY_TIME_TO_FIRST_BYTE: 0.001, sc.LLM_PROXY_WRITE_WAIT: 0.0002},
+     "  via otel-llm proxy  head written 1.0ms"),
+    # hostile values from a file: dropped, never a crash
+    ({sc.USER_AGENT_ORIGINAL: 7, sc.LLM_PROXY_TIME_TO_FIRST_BYTE: float("nan"), sc.LLM_PROXY_WRITE_WAIT: "slow"},
+     "  via otel-llm proxy"),
+    # a gateway's SERVER span (no llm.proxy.* attribute): not the proxy's, no line
+    ({sc.USER_AGENT_ORIGINAL: "curl/8.5.0", sc.LLM_GATEWAY_OUTCOME: "allowed"}, None),
+])
+def test_the_callers_line_says_only_what_the_proxy_recorded(tmp_path: Path, server_attrs: dict[str, Any],
+                                                            line: str | None) -> None:
+    path = tmp_path / "traces.jsonl"
+    _proxied(path, server_attrs)
+    assert _caller_line(path) == line

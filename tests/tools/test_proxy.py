@@ -10,6 +10,7 @@ Everything is a real process on loopback: the simulator (known, injected timings
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 import socket
@@ -30,6 +31,7 @@ from otel_llm.tools.gateway.process import ProxyProcess
 from otel_llm.tools.gateway.proxy import request_headers
 from otel_llm.tools.gateway.settings import PROXY, ConfigError, is_loopback, load_config
 from otel_llm.tools.sim import SimProcess
+from otel_llm.tools.view import render_calls
 from tests.conftest import raw_timeline
 
 # timing on a shared 2-core machine: one bad scheduling moment is not a regression
@@ -272,6 +274,12 @@ def test_curl_through_the_proxy_is_recorded_as_the_model_call(sim: SimProcess, t
     # and the summary line an instrumented application prints, one per call
     summaries = [line for line in proxy.log().splitlines() if line.startswith("otel-llm  chat m")]
     assert len(summaries) == calls, proxy.log()
+    # otel-llm view draws each call with the caller's side under its header
+    drawn = render_calls(spans, width=200).split("\n\n")
+    assert len(drawn) == calls
+    for picture in drawn:
+        assert re.search(r"^  via otel-llm proxy  caller curl/[\d.]+  head written [\d.]+ms  "
+                         r"first token written [\d.]+ms$", picture, re.M), picture
 
 
 @pytest.mark.slow
@@ -306,6 +314,8 @@ def test_a_caller_that_hangs_up_ends_the_upstream_request(sim: SimProcess, tmp_p
     (call,) = children(spans, server)
     assert call["attributes"][sc.LLM_CLIENT_END_REASON] in ("cancelled", "closed")
     assert 3 <= call["attributes"][sc.LLM_CLIENT_CHUNKS] < 300
+    picture = next(p for p in render_calls(spans, width=200).split("\n\n") if "hangs-up/1" in p)
+    assert re.search(r"^  via otel-llm proxy  caller hangs-up/1  .*  caller hung up$", picture, re.M), picture
 
 
 @pytest.mark.slow
@@ -332,6 +342,8 @@ def test_a_slow_reader_shows_as_write_wait(sim: SimProcess, tmp_path: Path) -> N
     assert attrs[sc.USER_AGENT_ORIGINAL] == "slow-reader/1" and attrs[sc.LLM_GATEWAY_OUTCOME] == "allowed"
     assert 0.5 <= attrs[sc.LLM_PROXY_WRITE_WAIT] <= (server["endTimeUnixNano"] - server["startTimeUnixNano"]) / 1e9
     assert attrs[sc.LLM_PROXY_TIME_TO_FIRST_TOKEN] < 0.5  # the first token was written before the caller stalled
+    waited = re.search(r"  caller read slowly: writes waited ([\d.]+)(ms|s)\b", render_calls(proxy.spans(), width=200))
+    assert waited and float(waited[1]) / (1000 if waited[2] == "ms" else 1) >= 0.5, render_calls(proxy.spans())
 
 
 @pytest.mark.slow
