@@ -116,26 +116,14 @@ def _cpu_seconds(proc: psutil.Process) -> float:
         return float(times.user + times.system)
 
 
-class GatewayRelay(Relay):
-    name = "gateway"
+class ChildRelay(Relay):
+    """``otel-llm gateway`` (with its key's header) or ``otel-llm proxy`` (no keys, loopback):
+    one process of its own."""
 
-    def __init__(self, gateway: GatewayProcess) -> None:
-        self.port = int(gateway.url.rsplit(":", 1)[1])
-        self.headers = gateway.headers()
-        self._proc = psutil.Process(gateway.pid)
-
-    def processes(self) -> list[psutil.Process]:
-        return [self._proc]
-
-
-class ProxyRelay(Relay):
-    """``otel-llm proxy`` without keys (loopback), its output to a log file."""
-
-    name = "proxy"
-
-    def __init__(self, proxy: ProxyProcess) -> None:
-        self.port = int(proxy.url.rsplit(":", 1)[1])
-        self._proc = psutil.Process(proxy.pid)
+    def __init__(self, name: str, server: GatewayProcess | ProxyProcess, headers: dict[str, str]) -> None:
+        self.name, self.headers = name, headers
+        self.port = int(server.url.rsplit(":", 1)[1])
+        self._proc = psutil.Process(server.pid)
 
     def processes(self) -> list[psutil.Process]:
         return [self._proc]
@@ -404,10 +392,10 @@ def main(argv: list[str] | None = None) -> int:
             if name == "gateway":
                 gateway = running.enter_context(GatewayProcess(sim.base_url, env=env,
                                                                max_concurrency=args.max_concurrency))
-                relays.append(GatewayRelay(gateway))
+                relays.append(ChildRelay(name, gateway, gateway.headers()))
             elif name == "proxy":
                 proxy = running.enter_context(ProxyProcess(sim.base_url, env=env))
-                relays.append(ProxyRelay(proxy))
+                relays.append(ChildRelay(name, proxy, {}))
             else:
                 nginx = NginxRelay(sim.port)
                 running.callback(nginx.stop)

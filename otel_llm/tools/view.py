@@ -107,13 +107,13 @@ def _is_runtime_report(span: SpanDict) -> bool:
     return span.get("kind") == _KIND_SERVER and any(k.startswith(sc.VLLM_LATENCY_PREFIX) for k in attrs)
 
 
+_PROXY_ATTRIBUTES = (sc.LLM_PROXY_TIME_TO_FIRST_BYTE, sc.LLM_PROXY_TIME_TO_FIRST_TOKEN, sc.LLM_PROXY_WRITE_WAIT)
+
+
 def _is_proxy_server(span: SpanDict) -> bool:
     """``otel-llm proxy``'s SERVER span (it carries ``llm.proxy.*`` once the head was written)."""
     attrs = span.get("attributes") or {}
-    return span.get("kind") == _KIND_SERVER and any(k.startswith(_PROXY_PREFIX) for k in attrs)
-
-
-_PROXY_PREFIX = "llm.proxy."
+    return span.get("kind") == _KIND_SERVER and any(k in attrs for k in _PROXY_ATTRIBUTES)
 
 
 def _calling(unique: Mapping[tuple[str, str], SpanDict], calls: Mapping[tuple[str, str], ModelCall],
