@@ -42,6 +42,9 @@ def _counters(url: str) -> dict[str, float]:
     return out
 
 
+# timing on a shared 2-core machine: two short rounds of ~10 ms TTFTs can land one bad moment
+# (seen once in CI: a p50 ratio of 0.56); a rerun measures again, with the same bounds
+@pytest.mark.flaky(reruns=2)
 def test_side_by_side_with_vllm_bench_serve(vllm: VllmServer, tmp_path: Path) -> None:
     out = tmp_path / "vs.json"
     proc = subprocess.run(
