@@ -142,7 +142,10 @@ RUN_BY = {
     "--slo ttft=0.5,tpot=0.05 --json bench.json": TOOLS + "test_bench.py::test_the_pages_command_runs_against_the_simulator",
     "otel-llm bench http://127.0.0.1:8080 --model gemma --concurrency 1,2,4 --requests 8 --prompt-tokens 64 "
     "--output-tokens 32 --slo ttft=0.5,tpot=0.05": E2E + "test_bench_llamacpp.py::test_one_slot_queues_the_second_request",
-    "python benchmarks/vs_vllm_bench.py --rounds 10 --requests 48": E2E + "test_bench_vllm.py::test_side_by_side_with_vllm_bench_serve",
+    "python benchmarks/vs_vllm_bench.py --rounds 10 --requests 48 --concurrency 2 --input-len 48 --output-len 24":
+        E2E + "test_bench_vllm.py::test_side_by_side_with_vllm_bench_serve",
+    "otel-llm bench http://127.0.0.1:8000 --model NAME --api openai-completions --concurrency 2 --requests 16 "
+    "--prompt-tokens 48 --output-tokens 24": TOOLS + "test_bench_trust.py::test_the_command_writes_what_it_said_about_itself",
     "otel-llm gateway keygen alice --routes '/v1/*' '/api/*' >> keys.toml": PROJECT + "test_commands.py::test_gateway_page_commands_run",
     "otel-llm gateway --upstream http://127.0.0.1:11434 --listen 127.0.0.1:8080 --keys keys.toml":
         PROJECT + "test_commands.py::test_gateway_page_commands_run",

@@ -100,6 +100,15 @@ def test_buffering(sim: Any, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_text_completions_are_diagnosed_as_chat_is(sim: Any, tmp_path: Path) -> None:
+    """``--api openai-completions`` (``/v1/completions``): the same procedure, the same verdicts."""
+    configure_sim(sim, buffering=True, buffer_flush_interval=0.15, token_interval=0.01)
+    _, data = diagnose(sim.base_url, tmp_path, "--api", "openai-completions")
+    assert primary(data) == "buffering"
+    assert data["targets"][0]["api"] == "openai-completions"
+
+
+@pytest.mark.slow
 def test_slow_prefill(sim: Any, tmp_path: Path) -> None:
     """llama.cpp reports its prompt evaluation: a long one is named, not mistaken for queueing."""
     configure_sim(sim, runtime="llama.cpp", first_token_delay=0.8, token_interval=0.02, tokens=16)

@@ -85,7 +85,7 @@ def _stat(levels: Sequence[Mapping[str, Any]], metric: str, stat: str) -> list[f
 
 def _table(levels: Sequence[Mapping[str, Any]], slo: bool) -> str:
     head = ["level", "ok", "failed", "req/s", "out tok/s", "total tok/s", "TTFT p50", "TTFT p99", "TPOT p50",
-            "TPOT p99", "ITL p99", "E2EL p50"] + (["goodput", "SLO"] if slo else [])
+            "TPOT p99", "ITL p99", "E2EL p50", "bursts"] + (["goodput", "SLO"] if slo else [])
     rows = ["<tr>" + "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr>"]
     for level in levels:
         failures = ", ".join(f"{n} {k}" for k, n in sorted((level.get("failures") or {}).items()))
@@ -95,10 +95,27 @@ def _table(levels: Sequence[Mapping[str, Any]], slo: bool) -> str:
                  _plain(level.get("total_token_throughput"))]
         cells += [_ms((level.get(m) or {}).get(s)) for m, s in
                   (("ttft", "p50"), ("ttft", "p99"), ("tpot", "p50"), ("tpot", "p99"), ("itl", "p99"), ("e2el", "p50"))]
+        cells.append(_bursts(level))
         if slo:
             cells += [_plain(level.get("goodput")), "meets" if level.get("meets_slo") else "misses"]
         rows.append("<tr>" + "".join(f'<td class="num">{c}</td>' for c in cells) + "</tr>")
     return "<table>" + "".join(rows) + "</table>"
+
+
+def _bursts(level: Mapping[str, Any]) -> str:
+    """Streams that reached the bench in bursts, of those judged; "!" where the level is not trusted."""
+    bursts = level.get("bursts")
+    if not isinstance(bursts, Mapping) or not bursts.get("judged"):
+        return "-"
+    mark = " !" if level.get("stream_timing_trusted") is False else ""
+    return _e(f"{bursts.get('burst', 0)}/{bursts['judged']}{mark}")
+
+
+def _warnings(levels: Sequence[Mapping[str, Any]]) -> list[str]:
+    said = [str(line) for level in levels for line in level.get("warnings") or []]
+    if not said:
+        return []
+    return ["<h2>warnings</h2>", "<ul>" + "".join(f"<li>{_e(line)}</li>" for line in said) + "</ul>"]
 
 
 def render_html(doc: Mapping[str, Any]) -> str:
@@ -134,7 +151,7 @@ def render_html(doc: Mapping[str, Any]) -> str:
                          if config.get(k) is not None)
     body = [f"<h1>{_e(title)}</h1>", f'<p class="muted">{workload}</p>',
             "<p>" + "<br>".join(summary) + "</p>", '<div class="charts">', latency, throughput, "</div>",
-            "<h2>levels</h2>", _table(levels, bool(slo)),
+            "<h2>levels</h2>", _table(levels, bool(slo)), *_warnings(levels),
             f'<p class="muted">{_e(config.get("definitions", ""))}</p>']
     return document(title, body)
 

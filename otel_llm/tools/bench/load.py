@@ -4,9 +4,11 @@ Poisson), each one timed as ``vllm bench serve`` times it and traced as any call
 One asyncio loop sends every request through one HTTP client (aiohttp where installed, else
 httpx: ``transport``), which otel_llm instruments like any application's: each request is a
 model call in the traces, under an ``otel_llm.bench.request`` span whose trace id the record
-keeps. The generator watches itself: each request's lag (actual send time minus scheduled) and
-the process's CPU share are recorded, so a report can say when the load generator, not the
-server, was the limit.
+keeps. The generator watches itself: each request's lag (actual send time minus scheduled), the
+process's CPU share and its event loop's punctuality (``selfwatch``) are recorded, and each stream
+is judged for arriving in bursts (the rule of the SDK's ``llm.diagnosis.stream_buffered``), so a
+report can say when the load generator, not the server, was the limit, and when a level's stream
+timings cannot be trusted.
 """
 
 from __future__ import annotations
@@ -24,11 +26,15 @@ from typing import Any, NamedTuple
 
 from opentelemetry import trace
 
+from otel_llm.parse.content import event_text
+from otel_llm.parse.formats import stream_format
+from otel_llm.parse.framing import GROUP_NS, StreamStats
+from otel_llm.parse.response import parse_events, parse_sse_event
+from otel_llm.parse.routes import API_OPENAI_CHAT, API_OPENAI_COMPLETIONS
+from otel_llm.telemetry import diagnosis
+from otel_llm.tools.bench.selfwatch import LoopReport, LoopWatch
 from otel_llm.tools.bench.transport import Transport, open_transport
 from otel_llm.tools.bench.workload import Workload
-from otel_llm.parse.content import event_text
-from otel_llm.parse.routes import API_OPENAI_CHAT, API_OPENAI_COMPLETIONS
-from otel_llm.parse.response import parse_events, parse_sse_event
 
 __all__ = ["Level", "LevelResult", "RequestRecord", "RequestSpan", "run_level"]
 
@@ -54,6 +60,7 @@ class RequestRecord:
     scheduled: float = 0.0  # after the level's start: open loop its arrival, closed loop the end of the one before
     sent: float = 0.0  # after the level's start
     ended: float | None = None  # after the level's start: the response's end (or the failure's)
+    ttfb: float | None = None  # sent -> the response's head
     ttft: float | None = None  # sent -> first token chunk
     e2el: float | None = None  # sent -> last token chunk (vLLM's latency: not the usage chunk or [DONE])
     itl: list[float] = field(default_factory=list)  # every gap between consecutive token chunks
@@ -65,6 +72,10 @@ class RequestRecord:
     trace_id: str | None = None
     retries: int = 0  # sent again after the server closed its kept-alive connection unanswered
     native: dict[str, Any] = field(default_factory=dict)  # the runtime's own llm.runtime.* figures
+    burst: bool | None = None  # its tokens reached the bench in bursts (None: too short to judge)
+    stalls: int = 0  # stalls of the bench's own event loop while it ran (selfwatch)
+    stall_late: float = 0.0  # the longest of them: how late the loop woke (s)
+    head_at: float | None = field(default=None, repr=False)  # perf-counter time of the head (set by the transport)
 
     @property
     def ok(self) -> bool:
@@ -75,6 +86,19 @@ class RequestRecord:
         return max(0.0, self.sent - self.scheduled)
 
     @property
+    def silence(self) -> float:
+        """The stream's longest wait as read: between two token chunks, or from the head (else the
+        send) to the first token."""
+        first = (self.ttft or 0.0) - (self.ttfb or 0.0)
+        return max([first, *self.itl])
+
+    @property
+    def stalled(self) -> bool:
+        """Its loop stalled while it ran for at least half the stream's longest silence: the
+        silence may be the bench's own, not the server's."""
+        return self.stalls > 0 and self.stall_late >= 0.5 * self.silence
+
+    @property
     def tpot(self) -> float | None:
         """(E2EL - TTFT) / (output tokens - 1), for requests with more than one output token."""
         if self.e2el is None or self.ttft is None or not self.output_tokens or self.output_tokens < 2:
@@ -82,7 +106,9 @@ class RequestRecord:
         return (self.e2el - self.ttft) / (self.output_tokens - 1)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "tpot": self.tpot, "lag": self.lag}
+        out = {**asdict(self), "tpot": self.tpot, "lag": self.lag}
+        del out["head_at"]  # a clock reading of this process (ttfb is the figure)
+        return out
 
 
 @dataclass(frozen=True)
@@ -114,6 +140,7 @@ class LevelResult:
     t0: float = 0.0
     memory: dict[str, Any] | None = None  # the server's peak memory meanwhile, where it was watched
     http_client: str | None = None  # the client the requests went through (transport.CLIENTS)
+    loop: LoopReport | None = None  # how punctually the generator's event loop ran (selfwatch)
 
 
 class _Stream:
@@ -203,6 +230,29 @@ def _finish(record: RequestRecord, workload: Workload, stream: _Stream, start: f
     # response (where the instrumentation ends the call) come after and are not generation time
     record.e2el = times[-1] - start
     record.itl = [b - a for a, b in zip(times, times[1:])]
+    if record.head_at is not None:
+        record.ttfb = record.head_at - start
+    record.burst = judge_burst(times, record.head_at, start, workload)
+
+
+def judge_burst(times: list[float], head_at: float | None, sent: float, workload: Workload) -> bool | None:
+    """Whether a stream's tokens reached the reader in bursts, by the SDK's own rule
+    (``otel_llm.telemetry.diagnosis.stream_buffered``, diagnose's buffering verdict): several
+    tokens per burst after silences, all at once, or held back and released with the response's
+    head. ``times``: the token chunks' arrival (perf-counter s; chunks read together share one)."""
+    ns = [round(t * 1e9) for t in times]
+    if len(ns) < 2:
+        return None
+    groups, gap = 1, 0
+    for before, now in zip(ns, ns[1:]):
+        delta = now - before
+        gap = max(gap, delta)
+        groups += delta > GROUP_NS
+    fmt = stream_format(workload.stream_api, "application/x-ndjson" if workload.ndjson else "text/event-stream")
+    stats = StreamStats(fmt, len(ns), 0, len(ns), ns[0], ns[-1], gap, groups, ())
+    head_ns = round(head_at * 1e9) if head_at is not None else 0
+    held = diagnosis.held_back(stats, head_ns, round(sent * 1e9), None)
+    return diagnosis.stream_buffered(stats, held)
 
 
 def _arrivals(level: Level, seed: int) -> list[float]:
@@ -227,8 +277,10 @@ async def _run(result: LevelResult, workload: Workload, headers: Mapping[str, st
     watching = _watch_ctrl_c(result, stop)
     client = open_transport(http_client, workload.timeout)
     result.http_client = client.name
+    watch = LoopWatch()
     try:
         t0 = result.t0 = time.perf_counter()
+        watch.start()
         deadline = t0 + level.seconds
 
         async def run_one(index: int, scheduled: float) -> RequestRecord:
@@ -246,6 +298,7 @@ async def _run(result: LevelResult, workload: Workload, headers: Mapping[str, st
             await _open(level, _arrivals(level, seed), run_one, t0, deadline, stop)
         result.stopped = stop.is_set() or time.perf_counter() > deadline
     finally:
+        result.loop = await watch.stop()
         await client.close()
         if watching:
             asyncio.get_running_loop().remove_signal_handler(signal.SIGINT)
@@ -362,6 +415,10 @@ def run_level(level: Level, workload: Workload, headers: Mapping[str, str] | Non
     wall = time.perf_counter() - wall0
     result.cpu_share = (time.process_time() - cpu0) / wall if wall > 0 else 0.0
     result.records.sort(key=lambda r: r.index)
+    if result.loop is not None:
+        for record in result.records:
+            end = record.ended if record.ended is not None else time.perf_counter() - result.t0
+            record.stalls, record.stall_late = result.loop.stalls_within(result.t0 + record.sent, result.t0 + end)
     finished = [r for r in result.records if r.e2el is not None]
     if result.records:
         first = min(r.sent for r in result.records)

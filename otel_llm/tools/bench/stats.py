@@ -9,6 +9,11 @@
   seconds). A level meets the SLO when at least ``attainment`` of the requests it sent (failures
   count as misses) meet every SLO.
 * Percentiles interpolate linearly between closest ranks (numpy's default, as vLLM's).
+* Trust: a stream whose tokens reached the bench in bursts (``RequestRecord.burst``) was not timed
+  as the server sent it. When such streams are not rare (``BURST_SHARE``), the level's stream
+  timings are not trusted and ``bursts`` says why: the generator's own loop stalled while they
+  streamed, for at least half their longest silence (``RequestRecord.stalled``), waiting for a CPU (``generator_cpu``) or busy with its own work (``generator_busy``;
+  ``generator`` where Linux's scheduler statistics cannot tell which), or it read on time and the server or an intermediary released them in bursts (``upstream``).
 """
 
 from __future__ import annotations
@@ -20,11 +25,14 @@ from typing import Any
 
 from otel_llm.tools.bench.load import LevelResult, RequestRecord
 
-__all__ = ["SLO_KEYS", "knee", "parse_slo", "percentile", "summarize"]
+__all__ = ["BURST_SHARE", "SLO_KEYS", "bursts", "knee", "parse_slo", "percentile", "summarize"]
 
 SLO_KEYS = ("ttft", "tpot", "e2el")
 PERCENTILES = (50, 90, 99)
 KNEE_GAIN = 0.10  # a level that adds less than this share of throughput is past the knee
+BURST_SHARE = 0.10  # a level with at least this share of its judged streams in bursts is not trusted
+STALLED_SHARE = 0.5  # bursts laid on the generator when at least this share lived through its stalls
+RUNQUEUE_SHARE = 0.5  # ... and on a CPU it did not get when at least this share of the stalls was run-queue wait
 
 
 def percentile(values: Sequence[float], p: float) -> float | None:
@@ -99,7 +107,10 @@ def summarize(result: LevelResult, slo: Mapping[str, float] | None = None,
         "itl": _dist([gap for r in ok for gap in r.itl]),
         "e2el": _dist([r.e2el for r in ok if r.e2el is not None]),
         "lag": _dist(lags), "generator_cpu_share": result.cpu_share, "stopped": result.stopped,
+        "generator_loop": result.loop.to_dict() if result.loop is not None else None,
+        "bursts": bursts(result),
     }
+    summary["stream_timing_trusted"] = summary["bursts"]["cause"] is None
     if result.memory is not None:
         summary["runtime_memory"] = result.memory
     native = _native(ok)
@@ -111,6 +122,26 @@ def summarize(result: LevelResult, slo: Mapping[str, float] | None = None,
         summary["slo_attainment"] = len(good) / len(records) if records else None
         summary["meets_slo"] = bool(records) and len(good) >= attainment * len(records)
     return summary
+
+
+def bursts(result: LevelResult) -> dict[str, Any]:
+    """The level's streams that reached the bench in bursts, and the likely cause when they are not
+    rare (None when they are, or none could be judged); see the module docstring."""
+    judged = [r for r in result.records if r.ok and r.burst is not None]
+    burst = [r for r in judged if r.burst]
+    stalled = [r for r in burst if r.stalled]
+    out: dict[str, Any] = {"judged": len(judged), "burst": len(burst), "burst_during_stalls": len(stalled),
+                           "share": len(burst) / len(judged) if judged else None, "cause": None}
+    if not burst or len(burst) < BURST_SHARE * len(judged):
+        return out
+    loop = result.loop
+    if loop is None or len(stalled) < STALLED_SHARE * len(burst):
+        out["cause"] = "upstream"
+    else:
+        runqueue = loop.stall_runqueue_share
+        out["cause"] = ("generator" if runqueue is None  # no scheduler statistics here: either
+                        else "generator_cpu" if runqueue >= RUNQUEUE_SHARE else "generator_busy")
+    return out
 
 
 # the runtime's own figures a level summarizes (its records keep every llm.runtime.* they got)

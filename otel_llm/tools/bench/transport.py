@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import ssl
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
@@ -23,6 +24,7 @@ CLIENTS = ("auto", "aiohttp", "httpx")
 
 class _Record(Protocol):
     status: int | None
+    head_at: float | None  # perf-counter time the response's head arrived
     failure: str | None
     detail: str | None
     retries: int
@@ -106,7 +108,7 @@ class _Httpx:
         async def attempt(fresh: bool) -> None:
             client = self._fresh_client() if fresh else self._client
             async with client.stream("POST", url, json=payload, headers=dict(headers)) as response:
-                record.status = response.status_code
+                record.status, record.head_at = response.status_code, time.perf_counter()
                 if response.status_code >= 400:
                     record.failure = f"http_{response.status_code}"
                     record.detail = _error_text(await response.aread())
@@ -166,7 +168,7 @@ class _Aiohttp:
                 self._fresh = self._open(force_close=True)
             session = self._fresh if fresh else self._session
             async with session.post(url, json=payload, headers=dict(headers)) as response:
-                record.status = response.status
+                record.status, record.head_at = response.status, time.perf_counter()
                 if response.status >= 400:
                     record.failure = f"http_{response.status}"
                     record.detail = _error_text(await response.read())

@@ -11,12 +11,15 @@ from typing import Any
 
 from otel_llm.parse import routes
 
-__all__ = ["APIS", "Workload", "prompt_of", "prompt_with", "request_for"]
+__all__ = ["APIS", "OPENAI_APIS", "Workload", "prompt_of", "prompt_with", "request_for"]
 
-APIS = ("openai", "ollama", "llamacpp")
+# "openai" is chat completions; "openai-completions" the text completions route, the default
+# workload of ``vllm bench serve`` (its ``--endpoint /v1/completions``)
+APIS = ("openai", "openai-completions", "ollama", "llamacpp")
+OPENAI_APIS = ("openai", "openai-completions")  # the same server, spoken to on two routes
 # each flavour's route API id (otel_llm.parse.routes) and whether its stream is NDJSON (else SSE)
-STREAM_API = {"openai": (routes.API_OPENAI_CHAT, False), "ollama": (routes.API_OLLAMA_CHAT, True),
-              "llamacpp": (routes.API_LLAMACPP_COMPLETION, False)}
+STREAM_API = {"openai": (routes.API_OPENAI_CHAT, False), "openai-completions": (routes.API_OPENAI_COMPLETIONS, False),
+              "ollama": (routes.API_OLLAMA_CHAT, True), "llamacpp": (routes.API_LLAMACPP_COMPLETION, False)}
 _FILLER = ("the shipment left the harbour on time and reached the depot before noon while the crew "
            "counted every crate twice and wrote the totals in the log").split()
 _TOKENS_PER_WORD = 1.3  # about, for the tokenizers of the common small models, until calibrated
@@ -29,16 +32,17 @@ def request_for(api: str, base_url: str, model: str, max_tokens: int, prompt: st
     """The generation URL and streaming JSON payload of ``api``; ``exact_output`` asks the runtime
     to generate exactly ``max_tokens`` (``ignore_eos``, as ``vllm bench serve`` does) where it can."""
     base = base_url.rstrip("/")
-    if api == "openai":
+    if api in OPENAI_APIS:
         if base.endswith("/v1"):
             base = base[: -len("/v1")]
+        chat = api == "openai"
         payload: dict[str, Any] = {
-            "model": model, "messages": [{"role": "user", "content": prompt}], "stream": True,
-            "stream_options": {"include_usage": True}, "max_tokens": max_tokens,
+            "model": model, **({"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt}),
+            "stream": True, "stream_options": {"include_usage": True}, "max_tokens": max_tokens,
         }
         if exact_output:
             payload.update(ignore_eos=True)
-        return base + "/v1/chat/completions", payload
+        return base + ("/v1/chat/completions" if chat else "/v1/completions"), payload
     if api == "ollama":  # no way to ignore the end of sequence: the actual count is recorded
         return base + "/api/chat", {
             "model": model, "messages": [{"role": "user", "content": prompt}], "stream": True,

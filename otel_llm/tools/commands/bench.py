@@ -16,7 +16,7 @@ from otel_llm.tools.bench.memory import MemoryWatch
 from otel_llm.tools.bench.native import NativeCollector
 from otel_llm.tools.bench.stats import knee, parse_slo, summarize
 from otel_llm.tools.bench.transport import CLIENTS, resolve_client
-from otel_llm.tools.bench.workload import APIS, Workload, prompt_with
+from otel_llm.tools.bench.workload import APIS, OPENAI_APIS, Workload, prompt_with
 from otel_llm.tools.auth import Auth, add_auth_argument, read_auth
 
 __all__ = ["add_arguments", "run"]
@@ -53,7 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("url", metavar="URL", help="base URL of the model server, e.g. http://127.0.0.1:8000")
     parser.add_argument("--model", required=True, help="model name sent in every request")
     parser.add_argument("--api", choices=("auto", *APIS), default="auto",
-                        help="request flavour (default auto: detected from side-effect-free routes, else openai)")
+                        help="request flavour: openai (chat completions), openai-completions (/v1/completions, the "
+                             "default workload of vllm bench serve), ollama, llamacpp (default auto: detected from "
+                             "side-effect-free routes, else openai)")
     load = parser.add_mutually_exclusive_group()
     load.add_argument("--concurrency", type=lambda t: _levels(t, int), metavar="N,N,...",
                       help="closed loop: requests in flight per level (default 1,2,4,8)")
@@ -120,12 +122,77 @@ def row(s: dict[str, Any]) -> str:
         line += f"  GPU {gpu / 2**20:.0f} MiB"
     if "goodput" in s:
         line += f"  goodput {_num(s['goodput'], 2)}/s {'meets SLO' if s['meets_slo'] else 'misses SLO'}"
+    burst = s.get("bursts") or {}
+    if burst.get("burst"):
+        line += f"  bursts {burst['burst']}/{burst['judged']}" + ("" if s.get("stream_timing_trusted", True) else " !")
     return line
+
+
+def _ms_max(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.0f} ms"
+
+
+def _burst_warning(s: dict[str, Any]) -> str | None:
+    """The plain statement of a level whose streams reached the bench in bursts, with the cause
+    (stats.bursts) and what the generator measured of itself."""
+    burst, loop = s.get("bursts") or {}, s.get("generator_loop") or {}
+    cause = burst.get("cause")
+    if cause is None:
+        return None
+    head = (f"{s['level']}: {burst['burst']} of {burst['judged']} streams reached the bench in bursts, so their "
+            "TTFT, TPOT and ITL are not the server's timing")
+    stalls = (f"its event loop stalled {loop.get('stalls', 0)} time(s) (longest {_ms_max(loop.get('loop_late_max'))}"
+              f" late), {burst['burst_during_stalls']} of the {burst['burst']} during a stall")
+    own = _generator_limits(s)
+    if cause == "upstream":
+        return (f"{head}: the bench read on time (its loop at most {_ms_max(loop.get('loop_late_max'))} late), so the "
+                "server or an intermediary released them in bursts (buffering: see otel-llm diagnose)" + own)
+    if cause == "generator_cpu":
+        share = loop.get("runqueue_share")
+        why = (f"waiting for a CPU ({loop.get('stall_runqueue_share', 0):.0%} of the stalled time in Linux's run "
+               f"queue; {share or 0:.0%} of the level): the machine's CPUs were busy, the server's among them")
+        fix = "run the bench on CPUs the server does not use (taskset -c) or on another machine"
+    elif cause == "generator_busy":
+        why = (f"busy with its own work ({loop.get('stall_runqueue_share', 0):.0%} of the stalled time in Linux's "
+               "run queue; the rest the process itself)")
+        fix = "lower the load per bench process or run several"
+    else:
+        why = "(this system's scheduler statistics cannot tell whether it waited for a CPU or worked)"
+        fix = "run the bench on CPUs the server does not use or on another machine"
+    return f"{head}: the load generator was the limit: {stalls}, {why}{own}; {fix}"
+
+
+def self_report(s: dict[str, Any]) -> str:
+    """One line of what the generator measured of itself during a level: its streams in bursts, how
+    late its event loop woke, how long it waited for a CPU, its CPU share."""
+    burst, loop = s.get("bursts") or {}, s.get("generator_loop") or {}
+    parts = [f"{burst.get('burst', 0)} of {burst.get('judged', 0)} streams in bursts"]
+    if loop.get("loop_late_p99") is not None:
+        parts.append(f"event loop late p99 {_ms(loop['loop_late_p99'])} ms, max {_ms(loop['loop_late_max'])} ms, "
+                     f"{loop['stalls']} stall(s)")
+    if loop.get("runqueue_share") is not None:
+        parts.append(f"{loop['runqueue_share']:.0%} of the level waiting for a CPU")
+    parts.append(f"{s['generator_cpu_share']:.0%} of a core")
+    return f"{s['level']}: " + "; ".join(parts)
+
+
+def _generator_limits(s: dict[str, Any]) -> str:
+    """The generator's own CPU share and lag, where they were at their limits."""
+    parts = []
+    if s["generator_cpu_share"] > CPU_WARN:
+        parts.append(f"it used {s['generator_cpu_share']:.0%} of a core")
+    lag = s["lag"]["p90"]
+    if lag is not None and lag > LAG_WARN:
+        parts.append(f"its p90 send lag was {_ms(lag)} ms")
+    return "; " + " and ".join(parts) if parts else ""
 
 
 def warnings(s: dict[str, Any]) -> list[str]:
     """What the reader must know before trusting a level's figures."""
     out = []
+    burst = _burst_warning(s)
+    if burst:
+        out.append(burst)
     lag = s["lag"]["p90"]
     if s["rate"] is not None and lag is not None and lag > LAG_WARN:
         out.append(f"{s['level']}: the load generator fell behind its schedule (p90 send lag {_ms(lag)} ms): "
@@ -246,7 +313,8 @@ def _instrument(args: argparse.Namespace, auth: Auth, providers: Any, options: d
     workload = Workload(args.url, api, args.model, args.prompt_tokens, args.output_tokens, timeout=args.timeout)
     # a runtime proven by its routes (vLLM, whose answers do not say) is named to the instrumentation,
     # unless --api says the server is spoken to as something else than what was detected
-    proven = detection.runtime if detection.runtime and detection.api == api else None
+    same = detection.api == api or (detection.api in OPENAI_APIS and api in OPENAI_APIS)
+    proven = detection.runtime if detection.runtime and same else None
     runtimes = {server_root(args.url): proven} if proven else None
     otel_llm.instrument(**options, tracer_provider=providers.tracer_provider,
                         meter_provider=providers.meter_provider, **({"runtimes": runtimes} if runtimes else {}))
@@ -301,6 +369,8 @@ def _report(args: argparse.Namespace, session: _Session, started: float, results
     if interrupted:
         say("interrupted: the levels measured so far are reported")
     summaries = [summarize(r, args.slo, args.slo_attainment) for r in results]
+    for summary in summaries:
+        say("load generator: " + self_report(summary))
     for line in [w for s in summaries for w in warnings(s)]:
         say("warning: " + line)
     _conclusions(summaries, args, say)
@@ -348,7 +418,7 @@ def _document(args: argparse.Namespace, session: _Session, started: float, resul
                            "chunks, TPOT = (E2EL - TTFT) / (output tokens - 1), goodput = requests/s meeting "
                            "every SLO",
         },
-        "levels": [{**summary, "requests": [r.to_dict() for r in result.records]}
+        "levels": [{**summary, "warnings": warnings(summary), "requests": [r.to_dict() for r in result.records]}
                    for summary, result in zip(summaries, results)],
         "knee": knee(summaries),
     }

@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 
 from otel_llm.parse.runtimes import ADMIN_PATHS
+from otel_llm.tools.bench.workload import OPENAI_APIS
 
 from .trials import request_for
 from .verdicts import Verdict
@@ -160,7 +161,7 @@ def auth_check(base_url: str, api: str, model: str, token: str | None, timeout: 
 
 def _origin(base_url: str, api: str) -> str:
     base = base_url.rstrip("/")
-    return base[: -len("/v1")] if api == "openai" and base.endswith("/v1") else base
+    return base[: -len("/v1")] if api in OPENAI_APIS and base.endswith("/v1") else base
 
 
 def _burst(client: httpx.Client, url: str, headers: dict[str, str], payload: Any, n: int, timeout: float,
