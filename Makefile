@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.otel-llm-installed
 
-.PHONY: demo demo-sim test check typecheck docs docs-serve docs-screenshots bench gpu-deps venv clean
+.PHONY: demo demo-sim test check typecheck lint docs docs-serve docs-screenshots bench gpu-deps venv clean
 
 venv: $(STAMP)
 
@@ -24,13 +24,17 @@ demo-sim: venv
 test: venv
 	$(PY) -m pytest -q -p no:cacheprovider
 
-# the fast part, before every commit: the strict type check and every test that needs no real
-# runtime or backend and takes no more than a few seconds (under 3 minutes on 2 cores)
-check: typecheck
+# the fast part, before every commit: the strict type check, the linter and every test that needs
+# no real runtime or backend and takes no more than a few seconds (under 3 minutes on 2 cores)
+check: typecheck lint
 	$(PY) -m pytest -q -p no:cacheprovider -m "not runtime and not backend and not slow"
 
 typecheck: venv
 	$(PY) -m mypy
+
+# ruff over the whole repository ([tool.ruff] in pyproject.toml)
+lint: venv
+	$(PY) -m ruff check --no-cache .
 
 # the documentation site (mkdocs.yml, docs/): strict, so a broken link, a missing page or a
 # reference that disagrees with otel_llm/semconv.py fails the build

@@ -93,7 +93,8 @@ def _instrument() -> None:
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(SimpleSpanProcessor(Noop()))
     meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
-    otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider, host_metrics=False, gpu_metrics=False, runtime_metrics=False, console_summary=False)
+    otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider, host_metrics=False,
+                        gpu_metrics=False, runtime_metrics=False, console_summary=False)
 
 
 def main(argv: list[str]) -> int:

@@ -157,7 +157,8 @@ def report(table: Table, configs: list[str], missing: dict[str, str]) -> list[st
           " on the application's thread, at the final flush)")
     print(f"{'workload':22s}{'client itself':>15s}" + "".join(f"{c:>20s}" for c in others))
     for client, kind, tokens in rows:
-        if table.own(client, kind, tokens) is None and all(table.added(c, client, kind, tokens) is None for c in others):
+        if table.own(client, kind, tokens) is None and all(table.added(c, client, kind, tokens) is None
+                                                           for c in others):
             continue  # not measured in this run
         label = f"{client} {'call' if kind == 'call' else f'{kind} {tokens}'}"
         cells = []
@@ -181,7 +182,8 @@ def report(table: Table, configs: list[str], missing: dict[str, str]) -> list[st
         if header:
             print(header)
             header = ""
-        print(f"{client + ' ' + kind:22s}" + "".join(f"{'-' if v is None else f'{v / 1e3:.1f}':>15s}" for v in values[:1])
+        print(f"{client + ' ' + kind:22s}"
+              + "".join(f"{'-' if v is None else f'{v / 1e3:.1f}':>15s}" for v in values[:1])
               + "".join(f"{'-' if v is None else f'{v / 1e3:+.1f}':>20s}" for v in values[1:]))
     for name, why in missing.items():
         print(f"not measured: {name}: {why}")

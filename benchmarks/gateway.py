@@ -30,9 +30,10 @@ whole answer was read: a relay whose writes wait for TCP acknowledgements (Nagle
 ACKs) shows there as ~40 ms, as the client here, like an SDK in a loop, sends its next request
 right after the last answer. CPU per request is the relay's CPU time (the run time of all its
 threads, from ``/proc/PID/task/*/schedstat`` in nanoseconds: span export and access log included;
-nginx: its master and worker processes) over the measured requests, divided by their number. CPU per streamed token is the same over a run of long
-streams (``--long-tokens`` tokens each, one chunk per token, the relays in turn), divided by the
-tokens relayed. Run it on a quiet machine: other processes on the same cores add to every figure.
+nginx: its master and worker processes) over the measured requests, divided by their number. CPU
+per streamed token is the same over a run of long streams (``--long-tokens`` tokens each, one
+chunk per token, the relays in turn), divided by the tokens relayed. Run it on a quiet machine:
+other processes on the same cores add to every figure.
 
     python benchmarks/gateway.py [--requests 300] [--tokens 8] [--quick] [--relays gateway,proxy,nginx]
         [--settle-ms 0.5] [--no-pin]
@@ -302,7 +303,8 @@ def report(name: str, result: dict[str, Any]) -> bool:
     passed = True
     if "gateway" in relays:
         passed = added["TTFB"]["gateway"][0] <= TARGET_ADDED_MEDIAN_MS
-        print(f"  target: added median TTFB <= {TARGET_ADDED_MEDIAN_MS:g} ms on loopback: {'PASS' if passed else 'MISS'}")
+        print(f"  target: added median TTFB <= {TARGET_ADDED_MEDIAN_MS:g} ms on loopback: "
+              f"{'PASS' if passed else 'MISS'}")
     return passed
 
 

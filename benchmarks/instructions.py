@@ -243,7 +243,8 @@ def _compare(figures: dict[str, dict[str, float]], tokens: int) -> None:
         if stack != "httpx":
             for key, label in (("call_added", "per call"), ("chunk_added", "per chunk")):
                 if key in row and reference.get(key):
-                    parts.append(f"{stack} vs the httpx path, {label}: {row[key] / reference[key]:.2f}x (target <= 1.5x)")
+                    parts.append(f"{stack} vs the httpx path, {label}: "
+                                 f"{row[key] / reference[key]:.2f}x (target <= 1.5x)")
         for part in parts:
             print(part)
 

@@ -14,9 +14,10 @@ The share of one core assumes the defaults: a sampler tick every second and one 
 Those are warm costs, measured back to back. In place, each background thread wakes from a
 sleep, and on a virtual machine work done after a second of idle CPU can cost ten times its warm
 CPU time. So the observers' threads (host sampler; runtime-state poller reading the real
-llama-server's ``/metrics`` with ``--llama``, else the simulator's Ollama ``/api/ps``) also run in place for ``--in-place`` seconds twice: while the application
-calls a model every 0.5 s, then after it went idle (``idle_after`` shortened to 2 s here); their
-CPU is read per thread from the kernel.
+llama-server's ``/metrics`` with ``--llama``, else the simulator's Ollama ``/api/ps``) also run
+in place for ``--in-place`` seconds twice: while the application calls a model every 0.5 s, then
+after it went idle (``idle_after`` shortened to 2 s here); their CPU is read per thread from the
+kernel.
 
     python benchmarks/observers.py [--cycles 200] [--ticks 1000] [--llama] [--in-place 10]
 """

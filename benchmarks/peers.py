@@ -2,10 +2,10 @@
 otel_llm, openlit and OpenLLMetry (traceloop-sdk), measured in one run.
 
 On loopback, against the simulator in its own process (llama.cpp flavour unless ``--runtime``
-says otherwise, zero injected delays, so CPU dominates). Each configuration runs in its own worker process (``_peers_worker.py``),
-started once and kept for the whole run: the local ones (none, httpx-official, otel_llm) with
-this virtualenv's Python, each peer with the Python of its own virtualenv under
-``~/.cache/otel-llm/peers-<name>-<version>`` (created with pip on first use: the peers' pins
+says otherwise, zero injected delays, so CPU dominates). Each configuration runs in its own worker
+process (``_peers_worker.py``), started once and kept for the whole run: the local ones (none,
+httpx-official, otel_llm) with this virtualenv's Python, each peer with the Python of its own
+virtualenv under ``~/.cache/otel-llm/peers-<name>-<version>`` (created with pip on first use: the peers' pins
 conflict with this project's), with the same client versions as here (openai, httpx, httpx2 and
 their parsers pinned to this environment's). Every configuration exports spans through a
 BatchSpanProcessor to the same no-op exporter, and metrics into the SDK (an in-memory reader, or

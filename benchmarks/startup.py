@@ -278,8 +278,10 @@ def verdict(value: float, target: float) -> str:
 def report(figures: dict[str, Any]) -> None:
     a = figures["instrument"]
     print(f"(a) import otel_llm; otel_llm.instrument(), embedded default (median of {a['runs']} fresh processes)")
-    print(f"    SDK imports only:       process CPU {a['sdk_process_ms']:7.1f} ms   main thread {a['sdk_main_ms']:7.1f} ms")
-    print(f"    otel_llm + instrument:  process CPU {a['otel_process_ms']:7.1f} ms   main thread {a['otel_main_ms']:7.1f} ms"
+    print(f"    SDK imports only:       process CPU {a['sdk_process_ms']:7.1f} ms   main thread "
+          f"{a['sdk_main_ms']:7.1f} ms")
+    print(f"    otel_llm + instrument:  process CPU {a['otel_process_ms']:7.1f} ms   main thread "
+          f"{a['otel_main_ms']:7.1f} ms"
           f"   (1 s later: {a['otel_settled_ms']:.1f} ms, SDK child {a['sdk_settled_ms']:.1f} ms)")
     print(f"    beyond the SDK:         process CPU {a['beyond_sdk_ms']:7.1f} ms   main thread "
           f"{a['beyond_sdk_main_ms']:7.1f} ms   target <= {TARGET_INSTRUMENT_MS:.0f} ms: "
@@ -306,7 +308,8 @@ def report(figures: dict[str, Any]) -> None:
         print(f"    {label:<21} first call {c[f'{name}_first_token_ms']:6.1f} ms {c[f'{name}_first_token_runs_ms']}   "
               f"second call {c[f'{name}_second_first_token_ms']:5.1f} ms")
         print(f"    {'':<21} full GC pauses before the first token {c[f'{name}_full_gc_runs_ms']} ms, without them "
-              f"{c[f'{name}_first_token_without_full_gc_ms']:.1f} ms; CPU: main thread {c[f'{name}_main_cpu_ms']:.1f} ms,"
+              f"{c[f'{name}_first_token_without_full_gc_ms']:.1f} ms; CPU: main thread "
+              f"{c[f'{name}_main_cpu_ms']:.1f} ms,"
               f" other threads {c[f'{name}_other_threads_cpu_ms']:.1f} ms")
     print(f"    instrumented - plain: {c['otel_minus_plain_ms']:+.1f} ms   target <= {TARGET_LITELLM_MS:.0f} ms: "
           f"{verdict(c['otel_minus_plain_ms'], TARGET_LITELLM_MS)}")

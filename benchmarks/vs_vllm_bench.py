@@ -80,7 +80,8 @@ def vllm_bench(python: str, args: argparse.Namespace, seed: int, out_dir: Path) 
                "--disable-tqdm", "--save-result", "--result-dir", str(out_dir), "--result-filename", name]
     _run(args.cpus, command, cwd=out_dir)
     doc = json.loads((out_dir / name).read_text())
-    return {"ttft_p50_ms": doc["median_ttft_ms"], "ttft_mean_ms": doc["mean_ttft_ms"], "tpot_p50_ms": doc["median_tpot_ms"],
+    return {"ttft_p50_ms": doc["median_ttft_ms"], "ttft_mean_ms": doc["mean_ttft_ms"],
+            "tpot_p50_ms": doc["median_tpot_ms"],
             "output_throughput": doc["output_throughput"], "completed": doc["completed"],
             "prompt_tokens": doc["total_input_tokens"] / max(1, doc["completed"]),
             "output_tokens": doc["total_output_tokens"] / max(1, doc["completed"])}
@@ -122,8 +123,10 @@ def _sample(name: str) -> re.Pattern[str]:
 
 
 _CACHE_HITS = _sample("vllm:prefix_cache_hits_total")
-_TTFT_SUM, _TTFT_COUNT = _sample("vllm:time_to_first_token_seconds_sum"), _sample("vllm:time_to_first_token_seconds_count")
-_ITL_SUM, _ITL_COUNT = _sample("vllm:inter_token_latency_seconds_sum"), _sample("vllm:inter_token_latency_seconds_count")
+_TTFT_SUM, _TTFT_COUNT = (_sample("vllm:time_to_first_token_seconds_sum"),
+                          _sample("vllm:time_to_first_token_seconds_count"))
+_ITL_SUM, _ITL_COUNT = (_sample("vllm:inter_token_latency_seconds_sum"),
+                        _sample("vllm:inter_token_latency_seconds_count"))
 
 
 def server_counters(url: str) -> dict[str, float]:
@@ -222,8 +225,8 @@ def table(result: dict[str, Any]) -> str:
     verdicts = result["verdicts"]
     lines.append(f"rounds: {verdicts.count('agrees')} agree (TPOT and output throughput within "
                  f"{max(ROUND_TARGET.values()):.0%}), {verdicts.count('bursts')} where otel-llm bench said its streams "
-                 f"arrived in bursts, {verdicts.count('server')} where vLLM itself ran at another speed in the two runs "
-                 f"(its own inter-token latency), {verdicts.count('silent')} that disagree without a word")
+                 f"arrived in bursts, {verdicts.count('server')} where vLLM itself ran at another speed in the two "
+                 f"runs (its own inter-token latency), {verdicts.count('silent')} that disagree without a word")
     for i, r in enumerate(result["rounds"], 1):
         for line in r["otel"].get("warnings") or []:
             lines.append(f"round {i}: otel-llm bench: warning: {line}")

@@ -292,5 +292,5 @@ LLM_MODEL_QUANTIZATION = "llm.model.quantization"  # as the runtime names it (ll
 LLM_MODEL_SLOTS = "llm.model.slots"  # requests the runtime serves at once (llama.cpp total_slots)
 LLM_MODEL_MEMORY_TOTAL = "llm.model.memory.total"  # bytes the loaded model takes (Ollama /api/ps size)
 LLM_MODEL_MEMORY_VRAM = "llm.model.memory.vram"  # of which in GPU memory (Ollama size_vram)
-LLM_MODEL_PARAMETER_SIZE = "llm.model.parameter_size"  # as the runtime writes it (Ollama details.parameter_size: "8.0B")
+LLM_MODEL_PARAMETER_SIZE = "llm.model.parameter_size"  # as the runtime writes it (Ollama details.parameter_size)
 LLM_MODEL_EXPIRES_AT = "llm.model.expires_at"  # when the runtime unloads it if idle, as it says (Ollama expires_at)

@@ -217,7 +217,8 @@ class Received:
                 out.write(json.dumps(doc) + "\n")
 
     def metric_names(self) -> set[str]:
-        return {m.name for r in self.metrics for rm in r.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
+        return {m.name for r in self.metrics for rm in r.resource_metrics for sm in rm.scope_metrics
+                for m in sm.metrics}
 
 
 def any_value(value: Any) -> Any:

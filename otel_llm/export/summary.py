@@ -9,7 +9,7 @@ runner that captures or parses stderr routes or silences it as any other log (it
 levels; ``console_summary=False`` turns it off). While nothing would handle that logger's records
 (no handler on it, on ``otel_llm`` or on the root logger: the application configured no logging),
 a handler of otel_llm's own writes the bare line to stderr, so a first run still shows it.
-"""
+"""  # noqa: E501 - the example is one real line
 
 from __future__ import annotations
 

@@ -48,7 +48,8 @@ def nice_max(value: float) -> float:
     """A round axis maximum >= value."""
     if value <= 0:
         return 1.0
-    exp = 10 ** int(f"{value:e}".split("e")[1])
+    # an int for exponents >= 0, a float below (typeshed types int ** int as Any for that reason)
+    exp: float = 10 ** int(f"{value:e}".split("e")[1])
     for step in (1, 2, 2.5, 5, 10):
         if step * exp >= value:
             return step * exp

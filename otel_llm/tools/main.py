@@ -37,7 +37,7 @@ class Command:
     configure: Callable[[argparse.ArgumentParser], None]
 
 
-def module_command(name: str, help: str, module: str) -> Command:
+def module_command(name: str, help: str, module: str) -> Command:  # noqa: A002 - argparse's own word
     """A command implemented by ``module`` (``add_arguments``/``run``), imported only when run."""
 
     def configure(parser: argparse.ArgumentParser) -> None:

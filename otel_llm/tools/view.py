@@ -87,9 +87,9 @@ def group_calls(spans: Iterable[SpanDict]) -> list[ModelCall]:
             if caller is not None:
                 caller.served.append(span)
     for key, call in calls.items():
-        parent = unique.get((key[0], call.span.get("parentSpanId") or ""))
-        if parent is not None and _is_proxy_server(parent):
-            call.caller = parent
+        parent_span = unique.get((key[0], call.span.get("parentSpanId") or ""))
+        if parent_span is not None and _is_proxy_server(parent_span):
+            call.caller = parent_span
     outer = {key: call for key, call in calls.items() if not _relay(unique, calls, key)}
     for call in calls.values():
         for spans in (call.phases, call.runtime, call.served):
@@ -348,7 +348,7 @@ def _row(name: str, offset_ns: int, duration_ns: int, cells: list[str], name_wid
     return f"  {name:<{name_width}} {offset:>10} {format_duration(duration_ns / 1e9):>9} {edge}{''.join(cells)}{edge}"
 
 
-def render_call(call: ModelCall, width: int = 100, ascii: bool = False) -> str:
+def render_call(call: ModelCall, width: int = 100, ascii: bool = False) -> str:  # noqa: A002 - the --ascii option
     """Render one call: header lines, one bar row per phase, and the unaccounted remainder."""
     full, gap_char, edge, reported = ("#", ".", "|", "=") if ascii else ("█", "░", "│", "▒")
     names = [str(p.get("name", "")) for p in call.phases + call.runtime + call.served] + [UNACCOUNTED]
@@ -411,7 +411,7 @@ def _durations_and_tokens(attrs: Mapping[str, Any], durations: tuple[tuple[str, 
 def render_calls(
     spans: Iterable[SpanDict],
     width: int = 100,
-    ascii: bool = False,
+    ascii: bool = False,  # noqa: A002 - the --ascii option
     *,
     last: int | None = None,
     trace_id: str | None = None,

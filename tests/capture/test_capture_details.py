@@ -156,7 +156,8 @@ def test_non_sdk_tracer_gets_the_same_tree(sim) -> None:
         otel_llm.uninstrument()
     spans = exporter.get_finished_spans()
     call = next(s for s in spans if s.kind == SpanKind.CLIENT)
-    kids = sorted((s for s in spans if s.parent and s.parent.span_id == call.context.span_id), key=lambda s: s.start_time)
+    kids = sorted((s for s in spans if s.parent and s.parent.span_id == call.context.span_id),
+                  key=lambda s: s.start_time)
     assert [k.name for k in kids] == [sc.SPAN_CONNECT, sc.SPAN_UPLOAD, sc.SPAN_SERVER_WAIT, sc.SPAN_DOWNLOAD]
     assert kids[0].start_time == call.start_time and kids[-1].end_time == call.end_time
     assert call.attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] > 0
@@ -170,7 +171,8 @@ def test_sampler_that_drops_emits_nothing_but_still_propagates(sim) -> None:
     seen: list[str] = []
     otel_llm.instrument(tracer_provider=provider, meter_provider=state.meter_provider)
     try:
-        with httpx.Client(event_hooks={"response": [lambda r: seen.append(r.request.headers.get("traceparent", ""))]}) as client:
+        with httpx.Client(
+                event_hooks={"response": [lambda r: seen.append(r.request.headers.get("traceparent", ""))]}) as client:
             client.post(f"{sim.base_url}/v1/chat/completions", json=CHAT)
     finally:
         otel_llm.uninstrument()
@@ -188,7 +190,8 @@ def test_async_pool_wait(sim, otel: Otel) -> None:
     async def run() -> None:
         async with httpx.AsyncClient(limits=httpx.Limits(max_connections=1)) as client:
             async def one() -> None:
-                async with client.stream("POST", f"{sim.base_url}/v1/chat/completions", json={**CHAT, "stream": True}) as r:
+                async with client.stream("POST", f"{sim.base_url}/v1/chat/completions",
+                                         json={**CHAT, "stream": True}) as r:
                     await r.aread()
             await asyncio.gather(one(), one())
 

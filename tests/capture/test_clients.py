@@ -68,7 +68,8 @@ def test_openai_async_streaming_and_not(sim, otel: Otel) -> None:
 def test_ollama_chat_and_generate(sim, otel: Otel) -> None:
     configure_sim(sim, tokens=4, first_token_delay=0.01, token_interval=0.002)
     client = ollama.Client(host=sim.base_url)
-    parts = [p["message"]["content"] for p in client.chat(model="llama3", messages=[{"role": "user", "content": "hi"}], stream=True)]
+    parts = [p["message"]["content"]
+             for p in client.chat(model="llama3", messages=[{"role": "user", "content": "hi"}], stream=True)]
     assert "".join(parts)
     _check(otel, streamed=True, tokens=4, model="llama3")
     client.chat(model="llama3", messages=[{"role": "user", "content": "hi"}], stream=False)
@@ -117,7 +118,8 @@ def test_raw_httpx_async_on_every_streamed_format(sim, otel: Otel) -> None:
         ("/completion", {"prompt": "x", "stream": True}, {}),
         ("/generate_stream", {"inputs": "x", "parameters": {"details": True}}, {"x-sim-runtime": "tgi"}),
         ("/generate", {"text": "x", "stream": True}, {"x-sim-runtime": "sglang"}),
-        ("/v1/messages", {"model": "m", "stream": True, "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}, {}),
+        ("/v1/messages", {"model": "m", "stream": True, "max_tokens": 5,
+                          "messages": [{"role": "user", "content": "x"}]}, {}),
         ("/v1/responses", {"model": "m", "stream": True, "input": "x"}, {}),
         ("/api/v1/chat", {"model": "m", "input": "x", "stream": True}, {}),
         ("/v1/completions", {"model": "m", "stream": True, "prompt": "x"}, {}),

@@ -99,8 +99,8 @@ def test_instrument_imports_no_http_library(tmp_path: Path) -> None:
 import json, sys
 import otel_llm
 otel_llm.instrument()
-unwanted = ("aiohttp", "httpx", "httpx2", "httpcore", "httpcore2", "urllib3", "requests", "opentelemetry.instrumentation",
-            "prometheus_client")
+unwanted = ("aiohttp", "httpx", "httpx2", "httpcore", "httpcore2", "urllib3", "requests",
+            "opentelemetry.instrumentation", "prometheus_client")
 print(json.dumps([otel_llm.is_instrumented(), sorted(m for m in unwanted if m in sys.modules)]))
 """
     (instrumented, imported), _ = _run(script, tmp_path)

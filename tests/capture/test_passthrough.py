@@ -15,8 +15,9 @@ from tests.helpers_servers import Plan, PlanServer
 
 ROUTES = ["/v1/chat/completions", "/api/chat", "/completion", "/generate_stream", "/api/v1/chat", "/v1/messages"]
 CONTENT_TYPES = ["text/event-stream", "application/x-ndjson", "application/json"]
-_TOKENISH = st.sampled_from([b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n', b"\n\n", b"\n", b"data:", b'"content":"',
-                             b'{"done":true}\n', b"data: [DONE]\n\n", b"event: message.delta\n", b'"text":"y"'])
+_TOKENISH = st.sampled_from([b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n', b"\n\n", b"\n", b"data:",
+                             b'"content":"', b'{"done":true}\n', b"data: [DONE]\n\n", b"event: message.delta\n",
+                             b'"text":"y"'])
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +37,8 @@ def test_bytes_pass_through_unchanged(server: PlanServer, otel: Otel, chunks: li
     server.plans.append(Plan(200, [("content-type", content_type)], chunks))
     with httpx.Client() as client:
         if stream:
-            with client.stream("POST", f"http://127.0.0.1:{server.port}{route}", json={"model": "m", "stream": True}) as r:
+            with client.stream("POST", f"http://127.0.0.1:{server.port}{route}",
+                               json={"model": "m", "stream": True}) as r:
                 received = b"".join(r.iter_raw())
         else:
             received = client.post(f"http://127.0.0.1:{server.port}{route}", json={"model": "m"}).content

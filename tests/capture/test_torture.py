@@ -717,7 +717,8 @@ def test_chaos_every_call_ends_exactly_once(sim: Any) -> None:
             limit = int(TOTAL_CALLS * share)
             jobs = itertools.count()
             threads = [threading.Thread(target=w.run, args=(jobs, limit)) for w in workers_sync]
-            threads.append(threading.Thread(target=_async_thread, args=(base, tallies, started_calls, jobs, limit, 100 + done)))
+            threads.append(threading.Thread(target=_async_thread,
+                                            args=(base, tallies, started_calls, jobs, limit, 100 + done)))
             for thread in threads:
                 thread.start()
             for thread in threads:
@@ -801,7 +802,8 @@ def test_a_call_that_fails_mid_body_is_not_kept_alive(sim: Any, otel: Any) -> No
 
                 async def consume() -> None:
                     async with client.stream("POST", url, json=chat("cancel"),
-                                             headers={"x-sim-tokens": "50", "x-sim-token-interval": "0.01"}) as response:
+                                             headers={"x-sim-tokens": "50",
+                                                      "x-sim-token-interval": "0.01"}) as response:
                         async for _ in response.aiter_raw():
                             first.set()
 
@@ -934,7 +936,8 @@ def _check_own_call(otel: Any, plans: dict[str, dict[str, Any]]) -> None:
         assert all(a.end_time == b.start_time for a, b in zip(kids, kids[1:])), where
         assert kids[-1].end_time == call.end_time, where
         names = [k.name for k in kids]
-        assert names[-4:] == [sc.SPAN_UPLOAD, sc.SPAN_SERVER_WAIT, sc.SPAN_FIRST_TOKEN, sc.SPAN_DECODE], where + str(names)
+        assert names[-4:] == [sc.SPAN_UPLOAD, sc.SPAN_SERVER_WAIT, sc.SPAN_FIRST_TOKEN, sc.SPAN_DECODE], \
+            where + str(names)
         phase = {k.name: (k.end_time - k.start_time) / 1e9 for k in kids}
         wait, first = phase[sc.SPAN_SERVER_WAIT], phase[sc.SPAN_FIRST_TOKEN]
         # Lower bounds hold from the call's start only: the server starts its delay when the body

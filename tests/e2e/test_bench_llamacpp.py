@@ -36,7 +36,8 @@ def _bench(server: LlamaServer, tmp_path: Path) -> tuple[str, dict[str, Any]]:
     args = COMMAND.replace("\\\n", "").split()
     proc = subprocess.run(
         [sys.executable, "-m", "otel_llm.tools.main", "bench", server.base_url, *args, "--json", str(out)],
-        capture_output=True, text=True, timeout=500, cwd=tmp_path, env=clean_env(OTEL_LLM_TRACES_FILE=str(tmp_path / "traces.jsonl")), check=False)
+        capture_output=True, text=True, timeout=500, cwd=tmp_path,
+        env=clean_env(OTEL_LLM_TRACES_FILE=str(tmp_path / "traces.jsonl")), check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout, json.loads(out.read_text())
 

@@ -192,7 +192,8 @@ def test_open_stream_at_exit_after_early_finalizer(fast_sim: Any, tmp_path: Path
     before = "import tempfile\nkeep = tempfile.TemporaryDirectory()"
     result = _run(tmp_path, fast_sim, before=before, after_calls=OPEN_STREAM)
     assert len(_summaries(result.stderr)) == 3  # the call did finish...
-    assert _call_names(tmp_path / DEFAULT_FILE) == ["chat model-a", "chat model-b", "chat model-c"]  # ...and is exported
+    # ...and is exported
+    assert _call_names(tmp_path / DEFAULT_FILE) == ["chat model-a", "chat model-b", "chat model-c"]
 
 
 def test_relative_traces_file_is_resolved_at_instrument(fast_sim: Any, tmp_path: Path) -> None:

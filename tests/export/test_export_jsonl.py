@@ -278,7 +278,8 @@ def test_processes_sharing_a_rotating_file_keep_every_line_whole(tmp_path: Path)
     path = tmp_path / "shared.jsonl"
     code = ("import sys; from otel_llm.export.rotating import RotatingAppender\n"
             "a = RotatingAppender(sys.argv[1], max_bytes=50000, backups=2)\n"
-            "for i in range(300): a.append(('{\"w\": %s, \"i\": %d, \"pad\": \"%s\"}\\n' % (sys.argv[2], i, 'p' * 80)).encode())\n")
+            "for i in range(300): a.append(('{\"w\": %s, \"i\": %d, \"pad\": \"%s\"}\\n' "
+            "% (sys.argv[2], i, 'p' * 80)).encode())\n")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(path), str(w)]) for w in range(4)]
     assert all(p.wait(60) == 0 for p in procs)
     files = [path, tmp_path / "shared.jsonl.1", tmp_path / "shared.jsonl.2"]
@@ -300,4 +301,5 @@ def test_view_reads_across_the_rotation(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "otel_llm.tools.main", "view", "--ascii", str(path)],
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.count("chat llama3") == in_backup + sum(1 for s in read_jsonl(path) if s["name"] == "chat llama3")
+    assert done.stdout.count("chat llama3") == in_backup + sum(1 for s in read_jsonl(path)
+                                                               if s["name"] == "chat llama3")

@@ -46,7 +46,8 @@ def test_bad_values_are_logged_and_ignored(caplog) -> None:
 
 
 def test_observer_switches_and_interval() -> None:
-    options = resolve({"gpu_metrics": False}, environ={"OTEL_LLM_HOST_METRICS": "off", "OTEL_LLM_SAMPLE_INTERVAL": "0.5"})
+    options = resolve({"gpu_metrics": False},
+                      environ={"OTEL_LLM_HOST_METRICS": "off", "OTEL_LLM_SAMPLE_INTERVAL": "0.5"})
     assert (options.host_metrics, options.gpu_metrics, options.runtime_metrics) == (False, False, True)
     assert options.sample_interval == 0.5
     assert resolve({"sample_interval": "nan"}, environ={}).sample_interval == 1.0
@@ -56,7 +57,8 @@ def test_observer_switches_and_interval() -> None:
 def test_poll_runtimes_values(caplog) -> None:
     assert resolve({}, environ={}).poll_runtimes == "local"
     assert resolve({}, environ={"OTEL_LLM_POLL_RUNTIMES": " ALL "}).poll_runtimes == "all"
-    assert resolve({"poll_runtimes": "configured"}, environ={"OTEL_LLM_POLL_RUNTIMES": "all"}).poll_runtimes == "configured"
+    assert resolve({"poll_runtimes": "configured"},
+                   environ={"OTEL_LLM_POLL_RUNTIMES": "all"}).poll_runtimes == "configured"
     with caplog.at_level(logging.WARNING, logger="otel_llm"):
         assert resolve({"poll_runtimes": "everything"}, environ={}).poll_runtimes == "local"
     assert "poll_runtimes='everything'" in caplog.text and "configured, local, all" in caplog.text

@@ -87,7 +87,8 @@ class FakeNvml:
             "nvmlDeviceGetUtilizationRates": self.device_fn(
                 "nvmlDeviceGetUtilizationRates", lambda g: SimpleNamespace(gpu=g.util, memory=10)),
             "nvmlDeviceGetMemoryInfo": self.device_fn(
-                "nvmlDeviceGetMemoryInfo", lambda g: SimpleNamespace(used=g.used, total=g.total, free=g.total - g.used)),
+                "nvmlDeviceGetMemoryInfo",
+                lambda g: SimpleNamespace(used=g.used, total=g.total, free=g.total - g.used)),
             "nvmlDeviceGetPowerUsage": self.device_fn("nvmlDeviceGetPowerUsage", lambda g: g.power_mw),
             "nvmlDeviceGetTotalEnergyConsumption": self.device_fn(
                 "nvmlDeviceGetTotalEnergyConsumption", lambda g: g.energy_mj),

@@ -291,6 +291,7 @@ def test_model_of_a_server_started_without_metrics(observed: Otel, monkeypatch: 
         assert attrs[sc.LLM_MODEL_CONTEXT_LENGTH] == context and attrs[sc.LLM_MODEL_SLOTS] == 1
         assert attrs[sc.LLM_MODEL_NAME].endswith(".gguf")
         assert attrs[sc.LLM_REQUEST_CONTEXT_PRESSURE] == attrs[sc.GEN_AI_USAGE_INPUT_TOKENS] / context
-    assert short.attributes[sc.GEN_AI_USAGE_INPUT_TOKENS] < 0.8 * context < long.attributes[sc.GEN_AI_USAGE_INPUT_TOKENS]
+    assert (short.attributes[sc.GEN_AI_USAGE_INPUT_TOKENS] < 0.8 * context
+            < long.attributes[sc.GEN_AI_USAGE_INPUT_TOKENS])
     assert short.attributes[sc.LLM_DIAGNOSIS_CONTEXT_PRESSURE] is False
     assert long.attributes[sc.LLM_DIAGNOSIS_CONTEXT_PRESSURE] is True

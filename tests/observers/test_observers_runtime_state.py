@@ -174,7 +174,8 @@ def test_vllm_metrics_reemitted_and_normalized(rig: Rig, fake: FakeRuntime) -> N
     assert sorted(p.value for p in prompt.data.data_points) == [766.0, 1234.0]
     assert rig.value("vllm.request_success_total", finished_reason="length") == 2.0
     # histograms: _sum and _count as counters; no buckets, no _created timestamps
-    ttft_sum, ttft_count = metrics["vllm.time_to_first_token_seconds_sum"], metrics["vllm.time_to_first_token_seconds_count"]
+    ttft_sum, ttft_count = (metrics["vllm.time_to_first_token_seconds_sum"],
+                            metrics["vllm.time_to_first_token_seconds_count"])
     assert isinstance(ttft_sum.data, Sum) and ttft_sum.data.data_points[0].value == 3.5
     assert ttft_count.data.data_points[0].value == 42.0
     assert not [n for n in metrics if n.endswith(("_bucket", "_created"))]

@@ -17,24 +17,24 @@ from otel_llm._log import reset_log_once
 from otel_llm.observers.sampler import HostSampler, Sample
 
 LINUX = sys.platform.startswith("linux")
-I = 1_000_000_000  # one interval of 1 s, in ns
+INTERVAL_NS = 1_000_000_000  # one interval of 1 s, in ns
 T0 = 10**15  # an arbitrary perf_counter_ns origin
 
 
 def _sampler(count: int = 10, **overrides: Any) -> HostSampler:
-    """Samples at T0 + i*I (i < count), each covering the interval before it: cpu = i/100,
+    """Samples at T0 + i*INTERVAL_NS (i < count), each covering the interval before it: cpu = i/100,
     memory = i/100 + 0.5, major faults = 10*i, swap in = i, swap out = 2*i."""
     sampler = HostSampler(interval=1.0)
     for i in range(count):
         values: dict[str, Any] = {"cpu": i / 100, "memory": i / 100 + 0.5, "major_faults": 10 * i, "swap_in": i,
                                   "swap_out": 2 * i}
         values.update({k: v(i) for k, v in overrides.items()})
-        sampler.append(Sample(t_ns=T0 + i * I, since_ns=T0 + (i - 1) * I, **values))
+        sampler.append(Sample(t_ns=T0 + i * INTERVAL_NS, since_ns=T0 + (i - 1) * INTERVAL_NS, **values))
     return sampler
 
 
 def t(index: float) -> int:
-    return T0 + int(index * I)
+    return T0 + int(index * INTERVAL_NS)
 
 
 # -- window rule --------------------------------------------------------------------------------

@@ -91,7 +91,8 @@ def test_tail_is_bounded_on_an_endless_stream_without_delimiters() -> None:
 def test_ollama_ndjson_tokens() -> None:
     lines = [json.dumps({"message": {"role": "assistant", "content": c}, "done": False}).encode() + b"\n"
              for c in ("Hi", " there")]
-    lines.append(json.dumps({"message": {"role": "assistant", "content": ""}, "done": True, "eval_count": 2}).encode() + b"\n")
+    lines.append(json.dumps({"message": {"role": "assistant", "content": ""}, "done": True,
+                             "eval_count": 2}).encode() + b"\n")
     scanner = StreamScanner(stream_format(routes.API_OLLAMA_CHAT, "application/x-ndjson"))
     scanner.fold([1, 2, 3], lines)
     assert scanner.token_events == 2
@@ -115,7 +116,8 @@ def test_lmstudio_named_events() -> None:
 def test_anthropic_deltas() -> None:
     frames = [b'event: message_start\ndata: {"type":"message_start","message":{"id":"m"}}\n\n',
               b'event: ping\ndata: {"type": "ping"}\n\n',
-              b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hi"}}\n\n',
+              b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+              b'"delta":{"type":"text_delta","text":"Hi"}}\n\n',
               b'event: message_stop\ndata: {"type":"message_stop"}\n\n']
     scanner = _scan(frames, api=routes.API_ANTHROPIC_MESSAGES)
     assert scanner.token_events == 1 and scanner.first_token_ns == 3000

@@ -633,9 +633,10 @@ _server_timing = st.lists(
     lambda items: ", ".join(f"{name};dur={dur}" for name, dur in items))
 
 
-@settings(FUZZ, max_examples=int(60 * SCALE), suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                                           HealthCheck.data_too_large])
-@given(path=st.sampled_from(STREAM_FILES + BODY_FILES), seed=st.integers(0, 2**32), cuts=st.lists(st.integers(0, 10**6), max_size=30),
+@settings(FUZZ, max_examples=int(60 * SCALE),
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(path=st.sampled_from(STREAM_FILES + BODY_FILES), seed=st.integers(0, 2**32),
+       cuts=st.lists(st.integers(0, 10**6), max_size=30),
        client=st.sampled_from([(httpx, False), (httpx, True), (httpx2, False), (httpx2, True), ("aiohttp", True),
                                ("requests", False)]),
        stream=st.booleans(), chunked=st.booleans(), status=st.sampled_from([200, 200, 200, 400, 500]),
@@ -697,7 +698,8 @@ def test_endless_stream_without_delimiters_keeps_memory_bounded(server: PlanServ
         tracemalloc.reset_peak()
         started = time.perf_counter()
         with httpx.Client(timeout=60) as client, \
-                client.stream("POST", server.url("/v1/chat/completions"), json={"model": "m", "stream": True}) as response:
+                client.stream("POST", server.url("/v1/chat/completions"),
+                              json={"model": "m", "stream": True}) as response:
             for chunk in response.iter_raw():
                 received += len(chunk)
         elapsed = time.perf_counter() - started

@@ -186,7 +186,8 @@ def test_has_the_required_sections(config: dict[str, Any]) -> None:
     for pipeline_id, pipeline in pipelines.items():
         assert _signal(pipeline_id) in SIGNALS, f"pipeline {pipeline_id}: not a traces/metrics/logs pipeline"
         assert set(pipeline) <= {"receivers", "processors", "exporters"}, pipeline_id
-        assert pipeline.get("receivers") and pipeline.get("exporters"), f"pipeline {pipeline_id} needs receivers and exporters"
+        assert pipeline.get("receivers") and pipeline.get("exporters"), \
+            f"pipeline {pipeline_id} needs receivers and exporters"
 
 
 def test_every_referenced_component_is_defined(config: dict[str, Any]) -> None:
@@ -197,7 +198,8 @@ def test_every_referenced_component_is_defined(config: dict[str, Any]) -> None:
             for component_id in pipeline.get(role) or []:
                 assert any(component_id in defined[s] for s in sections), \
                     f"pipeline {pipeline_id}: {role} {component_id!r} is not defined"
-            assert len(set(pipeline.get(role) or [])) == len(pipeline.get(role) or []), f"{pipeline_id}: duplicate {role}"
+            assert len(set(pipeline.get(role) or [])) == len(pipeline.get(role) or []), \
+                f"{pipeline_id}: duplicate {role}"
     for extension in config["service"].get("extensions") or []:
         assert extension in defined["extensions"], f"service.extensions: {extension!r} is not defined"
 
@@ -580,7 +582,8 @@ def test_trace_exporters_reach_jaeger_and_tempo(compose: dict[str, Any]) -> None
     services = compose["services"]
     assert _endpoint(config["exporters"]["otlp/jaeger"]["endpoint"]) == ("jaeger", JAEGER_OTLP_GRPC_PORT)
     tempo_config = _load(_config_file(services["tempo"], "-config.file"))
-    tempo_host, tempo_port = _endpoint(tempo_config["distributor"]["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"])
+    tempo_host, tempo_port = _endpoint(
+        tempo_config["distributor"]["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"])
     assert tempo_host == "0.0.0.0", "Tempo's OTLP receiver must listen on 0.0.0.0 to be reached from the collector"
     assert _endpoint(config["exporters"]["otlp/tempo"]["endpoint"]) == ("tempo", tempo_port)
     assert services["jaeger"]["environment"]["JAEGER_LISTEN_HOST"] == "0.0.0.0"
@@ -599,7 +602,8 @@ def test_prometheus_scrapes_the_exporter_and_accepts_remote_write(compose: dict[
     exporter_port = _endpoint(config["exporters"]["prometheus"]["endpoint"])[1]
     job = targets.get(f"otel-collector:{exporter_port}")
     assert job, f"no scrape job for the prometheus exporter (otel-collector:{exporter_port})"
-    assert job.get("scrape_protocols", ["OpenMetricsText1.0.0"])[0].startswith("OpenMetrics"), "exemplars need OpenMetrics"
+    assert job.get("scrape_protocols", ["OpenMetricsText1.0.0"])[0].startswith("OpenMetrics"), \
+        "exemplars need OpenMetrics"
     readers = config["service"]["telemetry"]["metrics"]["readers"]
     internal = readers[0]["pull"]["exporter"]["prometheus"]
     assert internal["host"] == "0.0.0.0" and f"otel-collector:{internal['port']}" in targets
@@ -646,7 +650,8 @@ def test_grafana_datasources_point_at_the_stack(compose: dict[str, Any]) -> None
     assert sum(d.get("isDefault", False) for d in datasources) == 1
     prometheus = next(d for d in datasources if d["type"] == "prometheus")
     links = prometheus["jsonData"]["exemplarTraceIdDestinations"]
-    assert {link["datasourceUid"] for link in links} == {by_uid[u]["uid"] for u in by_uid if by_uid[u]["type"] in ("tempo", "jaeger")}
+    assert {link["datasourceUid"] for link in links} == {by_uid[u]["uid"] for u in by_uid
+                                                         if by_uid[u]["type"] in ("tempo", "jaeger")}
     assert {link["name"] for link in links} == {"trace_id"}, "the collector's exemplars carry the trace id as trace_id"
     for source in datasources:
         related = source.get("jsonData", {}).get("tracesToMetrics", {}).get("datasourceUid")

@@ -97,7 +97,8 @@ def test_instruction_counts_run_under_callgrind() -> None:
                              "httpx,requests", "--calls", "1", "--workloads", "call"], capture_output=True, text=True,
                             timeout=880, env=ENV)
     assert result.returncode == 0, result.stderr
-    added = re.findall(r"^(httpx|requests) +call +client +([\d.]+) M instructions per call, otel_llm adds +(-?[\d.]+) M",
+    added = re.findall(r"^(httpx|requests) +call +client +([\d.]+) M instructions per call, "
+                       r"otel_llm adds +(-?[\d.]+) M",
                        result.stdout, re.M)
     assert [stack for stack, _, _ in added] == ["httpx", "requests"], result.stdout
     assert all(float(client) > 0.1 and float(ours) > 0.1 for _, client, ours in added), result.stdout
@@ -111,11 +112,12 @@ def test_record_costs_count_the_sdk_per_histogram_record() -> None:
     """``instructions.py --records``, shortened: the SDK's instructions per histogram record grow
     with its attributes (eight children under callgrind, a few seconds each)."""
     assert "python benchmarks/instructions.py --records" in PERFORMANCE
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "instructions.py"), "--records", "--calls", "20"],
-                            capture_output=True, text=True, timeout=580, env=ENV)
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "instructions.py"), "--records",
+                             "--calls", "20"], capture_output=True, text=True, timeout=580, env=ENV)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = dict(re.findall(r"^SDK histogram record, (.+?) +([\d.]+) k instructions$", result.stdout, re.M))
-    assert list(rows) == ["0 attributes", "3 attributes", "7 attributes", "6 attributes, with an exemplar"], result.stdout
+    assert list(rows) == ["0 attributes", "3 attributes", "7 attributes", "6 attributes, with an exemplar"], \
+        result.stdout
     none, three, seven = (float(rows[f"{n} attributes"]) for n in (0, 3, 7))
     assert 10 < none < three < seven < 1000, result.stdout
     per = re.search(r"^per attribute: ([\d.]+) k instructions", result.stdout, re.M)
@@ -170,7 +172,8 @@ def test_peer_instruction_counts_include_the_sdk_floor(tmp_path: Path) -> None:
     assert own > 1.0 and 0.3 < floor < ours, result.stdout
     assert abs(other_threads) < ours, result.stdout
     assert "openai call" not in result.stdout  # a workload not asked for gets no row
-    share = re.search(r"the SDK's part of what otel_llm adds per call \(httpx\): ([\d.]+) M of ([\d.]+) M", result.stdout)
+    share = re.search(r"the SDK's part of what otel_llm adds per call \(httpx\): ([\d.]+) M of ([\d.]+) M",
+                      result.stdout)
     assert share and float(share.group(1)) == floor and float(share.group(2)) == ours, result.stdout
     assert "openlit" not in result.stdout  # not asked for
 

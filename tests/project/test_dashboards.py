@@ -590,7 +590,8 @@ def test_the_call_panels_chart_a_service_on_the_new_names(stack: Stack) -> None:
     old = stack.prometheus.query(f'count({{__name__=~"gen_ai_client_(operation|token)_.+", '
                                  f'service_name="{LATEST_SERVICE}"}})')
     assert not old, old
-    new = stack.prometheus.query(f'count(gen_ai_client_inference_duration_seconds_count{{service_name="{LATEST_SERVICE}"}})')
+    new = stack.prometheus.query('count(gen_ai_client_inference_duration_seconds_count'
+                                 f'{{service_name="{LATEST_SERVICE}"}})')
     assert new, _context(stack)
     calls = [q for q in queries() if q.file == "otel-llm-calls.json"
              and any(name.startswith("gen_ai_client_") for name in metric_names(q.expr))]

@@ -121,10 +121,13 @@ RUN_BY = {
     "make docs-screenshots":
         "tests/project/test_docs.py::test_make_docs_screenshots_draws_the_home_and_reference_pages_as_documentation",
     "make typecheck": ".ci/run",
+    "make lint": ".ci/run",
     "make test": ".ci/run",
-    "make check": "tests/project/test_docs.py::test_make_check_is_the_type_check_and_make_test_without_the_marked_tests",
+    "make check":
+        "tests/project/test_docs.py::test_make_check_is_the_type_check_and_make_test_without_the_marked_tests",
     "make demo": E2E + "test_demo_llamacpp.py::test_demo_on_the_real_server",
-    "OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 make demo": E2E + "test_demo_llamacpp.py::test_demo_on_the_real_server",
+    "OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 make demo":
+        E2E + "test_demo_llamacpp.py::test_demo_on_the_real_server",
     "make gpu-deps": "tests/observers/test_gpu_check.py::test_make_gpu_deps_fetches_the_sdk_for_python_3_12",
     "pip wheel --no-deps -w dist .": PROJECT + "test_packaging.py::test_the_wheel_alone_traces_a_streamed_call",
     "pip install dist/otel_llm-*.whl": PROJECT + "test_packaging.py::test_the_wheel_alone_traces_a_streamed_call",
@@ -134,34 +137,47 @@ RUN_BY = {
     "python -m otel_llm_testing.phoenix": E2E + "test_phoenix.py::test_page_phoenix_commands",
     "OTEL_LLM_ENDPOINT=http://127.0.0.1:6006 OTEL_METRICS_EXPORTER=none python examples/openai_client.py":
         E2E + "test_phoenix.py::test_page_phoenix_commands",
-    "OTEL_SERVICE_NAME=vllm OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf python -m vllm.entrypoints.openai.api_server "
-    "--model MODEL --otlp-traces-endpoint http://127.0.0.1:4318/v1/traces":
+    "OTEL_SERVICE_NAME=vllm OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf python -m "
+    "vllm.entrypoints.openai.api_server --model MODEL --otlp-traces-endpoint http://127.0.0.1:4318/v1/traces":
         E2E + "test_vllm.py::test_page_vllm_tracing_command_is_what_the_tests_run",
-    "python -m otel_llm_testing.vllm --otlp http://127.0.0.1:6006": E2E + "test_vllm.py::test_page_serve_command_traces_into_phoenix",
+    "python -m otel_llm_testing.vllm --otlp http://127.0.0.1:6006":
+        E2E + "test_vllm.py::test_page_serve_command_traces_into_phoenix",
     "otel-llm bench http://127.0.0.1:8000 --model NAME --concurrency 1,2,4,8 --output-tokens 64 "
-    "--slo ttft=0.5,tpot=0.05 --json bench.json": TOOLS + "test_bench.py::test_the_pages_command_runs_against_the_simulator",
+    "--slo ttft=0.5,tpot=0.05 --json bench.json":
+        TOOLS + "test_bench.py::test_the_pages_command_runs_against_the_simulator",
     "otel-llm bench http://127.0.0.1:8080 --model gemma --concurrency 1,2,4 --requests 8 --prompt-tokens 64 "
-    "--output-tokens 32 --slo ttft=0.5,tpot=0.05": E2E + "test_bench_llamacpp.py::test_one_slot_queues_the_second_request",
+    "--output-tokens 32 --slo ttft=0.5,tpot=0.05":
+        E2E + "test_bench_llamacpp.py::test_one_slot_queues_the_second_request",
     "python benchmarks/vs_vllm_bench.py --rounds 10 --requests 48 --concurrency 2 --input-len 48 --output-len 24":
         E2E + "test_bench_vllm.py::test_side_by_side_with_vllm_bench_serve",
     "otel-llm bench http://127.0.0.1:8000 --model NAME --api openai-completions --concurrency 2 --requests 16 "
-    "--prompt-tokens 48 --output-tokens 24": TOOLS + "test_bench_trust.py::test_the_command_writes_what_it_said_about_itself",
-    "otel-llm gateway keygen alice --routes '/v1/*' '/api/*' >> keys.toml": PROJECT + "test_commands.py::test_gateway_page_commands_run",
+    "--prompt-tokens 48 --output-tokens 24":
+        TOOLS + "test_bench_trust.py::test_the_command_writes_what_it_said_about_itself",
+    "otel-llm gateway keygen alice --routes '/v1/*' '/api/*' >> keys.toml":
+        PROJECT + "test_commands.py::test_gateway_page_commands_run",
     "otel-llm gateway --upstream http://127.0.0.1:11434 --listen 127.0.0.1:8080 --keys keys.toml":
         PROJECT + "test_commands.py::test_gateway_page_commands_run",
-    "python benchmarks/gpu_check.py --out gpu-check.json": "tests/observers/test_gpu_check.py::test_without_a_gpu_it_says_so_and_exits_0",
+    "python benchmarks/gpu_check.py --out gpu-check.json":
+        "tests/observers/test_gpu_check.py::test_without_a_gpu_it_says_so_and_exits_0",
     "python benchmarks/instructions.py": PROJECT + "test_commands.py::test_instruction_counts_run_under_callgrind",
-    "python benchmarks/instructions.py --records": PROJECT + "test_commands.py::test_record_costs_count_the_sdk_per_histogram_record",
-    "python benchmarks/instructions.py --replay": PROJECT + "test_commands.py::test_replayed_streams_give_the_per_chunk_figure",
-    "python benchmarks/instructions.py --peers": PROJECT + "test_commands.py::test_peer_instruction_counts_include_the_sdk_floor",
-    "python benchmarks/overhead.py --rounds 5": PROJECT + "test_commands.py::test_benchmark_script_compares_each_stack_with_the_httpx_path",
+    "python benchmarks/instructions.py --records":
+        PROJECT + "test_commands.py::test_record_costs_count_the_sdk_per_histogram_record",
+    "python benchmarks/instructions.py --replay":
+        PROJECT + "test_commands.py::test_replayed_streams_give_the_per_chunk_figure",
+    "python benchmarks/instructions.py --peers":
+        PROJECT + "test_commands.py::test_peer_instruction_counts_include_the_sdk_floor",
+    "python benchmarks/overhead.py --rounds 5":
+        PROJECT + "test_commands.py::test_benchmark_script_compares_each_stack_with_the_httpx_path",
     "python benchmarks/breakdown.py": PROJECT + "test_commands.py::test_breakdown_benchmark_runs_and_reports_each_part",
     "python benchmarks/bench_clients.py":
         PROJECT + "test_commands.py::test_bench_clients_benchmark_prints_each_client_with_and_without_otel_llm",
-    "python benchmarks/peers.py": TOOLS + "test_bench_peers.py::test_quick_run_prints_the_tables_ratios_and_capabilities",
-    "python benchmarks/observers.py --llama": PROJECT + "test_commands.py::test_observers_benchmark_runs_with_a_real_llama_server",
+    "python benchmarks/peers.py":
+        TOOLS + "test_bench_peers.py::test_quick_run_prints_the_tables_ratios_and_capabilities",
+    "python benchmarks/observers.py --llama":
+        PROJECT + "test_commands.py::test_observers_benchmark_runs_with_a_real_llama_server",
     "python benchmarks/gateway.py": PROJECT + "test_commands.py::test_gateway_benchmark_runs_and_reports_the_target",
-    "python benchmarks/startup.py --runs 5": PROJECT + "test_startup_benchmark.py::test_quick_run_reports_every_figure_and_target",
+    "python benchmarks/startup.py --runs 5":
+        PROJECT + "test_startup_benchmark.py::test_quick_run_reports_every_figure_and_target",
 }
 
 # The Compose stack needs Docker, which the machine the tests run on lacks: these are checked, not
@@ -223,15 +239,18 @@ def test_an_unknown_command_in_the_docs_is_reported(tmp_path: Path) -> None:
 
 
 def test_make_check_is_the_type_check_and_make_test_without_the_marked_tests() -> None:
-    """``make check`` runs nothing CI does not: ``make typecheck``, then ``make test``'s pytest with
-    the tests that need a real runtime or backend or are slow deselected (read with ``make -n``)."""
+    """``make check`` runs nothing CI does not: ``make typecheck``, ``make lint``, then ``make test``'s
+    pytest with the tests that need a real runtime or backend or are slow deselected (read with
+    ``make -n``); CI runs the same type check and linter."""
     def recipe(target: str) -> list[str]:
         return subprocess.run(["make", "-n", "-s", target, f"VENV={VENV}"], cwd=ROOT, capture_output=True,
                               text=True, check=True, timeout=60).stdout.strip().splitlines()
 
-    check, typecheck, test = recipe("check"), recipe("typecheck"), recipe("test")
-    assert "-m mypy" in typecheck[-1] and "-m pytest" in test[-1]
-    assert check[-2:] == [typecheck[-1], test[-1] + ' -m "not runtime and not backend and not slow"']
+    check, typecheck, lint, test = recipe("check"), recipe("typecheck"), recipe("lint"), recipe("test")
+    assert "-m mypy" in typecheck[-1] and "-m ruff check" in lint[-1] and "-m pytest" in test[-1]
+    assert check[-3:] == [typecheck[-1], lint[-1], test[-1] + ' -m "not runtime and not backend and not slow"']
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert ci.index("make typecheck") < ci.index("make lint") < ci.index("make test")
 
 
 def test_make_docs_builds_the_site_strictly(tmp_path: Path) -> None:

@@ -112,7 +112,6 @@ def test_no_module_imports_another_package_s_private_module() -> None:
 
 def test_no_cycle_between_packages() -> None:
     graph: dict[str, set[str]] = defaultdict(set)
-    modules = set(_imports())
     for module, names in _imports().items():
         if module.endswith(".__main__"):
             continue  # an entry point (python -m): nothing imports it, so it closes no cycle

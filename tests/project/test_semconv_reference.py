@@ -19,7 +19,8 @@ def test_the_constants_that_name_nothing_are_the_three_known_ones() -> None:
     """Every public string constant of semconv is in the reference but these three, on purpose:
     ENV_CAPTURE_CONTENT is an environment variable (configuration, documented with the options),
     VLLM_LATENCY_PREFIX only recognizes vLLM's span (each gen_ai.latency.* name it covers has its own
-    entry), and BAGGAGE_RECORDED is a baggage entry on the request (documented with the gateway). The other helpers are not strings, so not names: the bucket boundaries (*_BUCKETS) and
+    entry), and BAGGAGE_RECORDED is a baggage entry on the request (documented with the gateway).
+    The other helpers are not strings, so not names: the bucket boundaries (*_BUCKETS) and
     LLM_REQUEST_ROLES (the roles that complete llm.request.messages.<role>). The two prefixes that
     begin an emitted family are in the reference, as llm.server_timing.<name> and
     llm.request.messages.<role>."""

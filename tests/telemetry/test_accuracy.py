@@ -38,7 +38,8 @@ def _durations(otel: Otel) -> list[dict[str, float]]:
         row = {kid.name: (kid.end_time - kid.start_time) / 1e9 for kid in otel.children(call)}
         row["call"] = (call.end_time - call.start_time) / 1e9
         row["ttft"] = call.attributes.get(sc.LLM_CLIENT_TIME_TO_FIRST_TOKEN, 0.0)
-        row["upload_end"] = sum(row.get(n, 0.0) for n in (sc.SPAN_POOL_WAIT, sc.SPAN_DNS, sc.SPAN_CONNECT, sc.SPAN_UPLOAD))
+        row["upload_end"] = sum(row.get(n, 0.0)
+                                for n in (sc.SPAN_POOL_WAIT, sc.SPAN_DNS, sc.SPAN_CONNECT, sc.SPAN_UPLOAD))
         rows.append(row)
     return rows
 

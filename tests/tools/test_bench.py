@@ -424,7 +424,8 @@ def test_the_token_never_reaches_the_output_or_the_json(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     (level,) = json.loads((tmp_path / "bench.json").read_text())["levels"]
     assert level["failures"] == {"http_401": 2} and "bad key Bearer ***" in level["requests"][0]["detail"]
-    for text in (done.stdout, done.stderr, (tmp_path / "bench.json").read_text(), (tmp_path / "traces.jsonl").read_text()):
+    for text in (done.stdout, done.stderr, (tmp_path / "bench.json").read_text(),
+                 (tmp_path / "traces.jsonl").read_text()):
         assert "sk-very-secret-1234" not in text
 
 

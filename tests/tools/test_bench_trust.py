@@ -57,7 +57,8 @@ def test_every_text_completion_chunk_with_a_choice_is_a_token() -> None:
 def test_a_completions_level_against_the_simulator(traced: Otel) -> None:
     with SimProcess(first_token_delay=0.05, token_interval=0.005, tokens=12) as sim:
         result = run_level(Level(concurrency=2, requests=4),
-                           Workload(sim.base_url, "openai-completions", "sim-model", prompt_tokens=32, output_tokens=12))
+                           Workload(sim.base_url, "openai-completions", "sim-model", prompt_tokens=32,
+                                    output_tokens=12))
     summary = summarize(result)
     assert summary["completed"] == 4 and summary["output_tokens"] == 48, summary
     assert summary["input_tokens"] > 0  # the usage chunk's prompt count
@@ -183,7 +184,8 @@ def test_a_buffering_server_is_named_not_the_generator(traced: Otel) -> None:
     with SimProcess(first_token_delay=0.05, token_interval=0.005, tokens=24, buffering=True,
                     buffer_flush_frames=12) as sim:
         result = run_level(Level(concurrency=2, requests=6),
-                           Workload(sim.base_url, "openai-completions", "sim-model", prompt_tokens=32, output_tokens=24))
+                           Workload(sim.base_url, "openai-completions", "sim-model", prompt_tokens=32,
+                                    output_tokens=24))
     summary = summarize(result)
     assert summary["bursts"]["burst"] == 6 and summary["bursts"]["cause"] == "upstream", summary["bursts"]
     assert "the bench read on time" in warnings(summary)[0]
@@ -203,7 +205,8 @@ def test_a_loop_busy_with_its_own_work_is_named(traced: Otel, monkeypatch: pytes
     with SimProcess(first_token_delay=0.02, token_interval=0.005, tokens=24) as sim:
         monkeypatch.setattr(_Stream, "feed", slow_feed)
         result = run_level(Level(concurrency=2, requests=4),
-                           Workload(sim.base_url, "openai-completions", "sim-model", prompt_tokens=32, output_tokens=24))
+                           Workload(sim.base_url, "openai-completions", "sim-model", prompt_tokens=32,
+                                    output_tokens=24))
     summary = summarize(result)
     expected = "generator_busy" if LINUX_SCHEDSTAT else "generator"
     assert summary["bursts"]["cause"] == expected, (summary["bursts"], summary["generator_loop"])

@@ -153,7 +153,8 @@ def test_detect_refused_port() -> None:
 
 
 @pytest.mark.slow
-def test_cold_trials_ollama_control(ollama_sim: SimProcess, traced: tuple[TracerProvider, InMemorySpanExporter]) -> None:
+def test_cold_trials_ollama_control(ollama_sim: SimProcess,
+                                    traced: tuple[TracerProvider, InMemorySpanExporter]) -> None:
     url = ollama_sim.base_url
     runner = _runner(traced, url)
     try:

@@ -26,8 +26,9 @@ from otel_llm.parse.runtimes._common import (
 )
 
 __all__ = [
-    "ADMIN_PATHS", "READY_PATHS", "HEADER_READERS", "KNOWN_RUNTIMES", "OBSERVED", "PROBES", "Proof", "RESPONSE_READERS", "Routes",
-    "MODEL_RUNTIMES", "SOURCES", "STATE_KV_CACHE_USAGE", "STATE_REQUESTS_RUNNING", "STATE_REQUESTS_WAITING", "ModelInfo", "Observed", "RuntimeCounters", "model_info", "runtime_counters",
+    "ADMIN_PATHS", "READY_PATHS", "HEADER_READERS", "KNOWN_RUNTIMES", "OBSERVED", "PROBES", "Proof",
+    "RESPONSE_READERS", "Routes", "MODEL_RUNTIMES", "SOURCES", "STATE_KV_CACHE_USAGE", "STATE_REQUESTS_RUNNING",
+    "STATE_REQUESTS_WAITING", "ModelInfo", "Observed", "RuntimeCounters", "model_info", "runtime_counters",
 ]
 
 _ADAPTERS: tuple[ModuleType, ...] = (ollama, llamacpp, vllm, tgi, sglang, lmstudio)

@@ -41,9 +41,15 @@ def _panel(out: list[str], x0: float, title: str, labels: Sequence[str], series:
     values = [v for _, vs in series for v in vs if v is not None]
     top = nice_max(max(values + [limit or 0.0, 0.0]) * 1.05)
     plot_h = _H - _HEAD - _FOOT
-    y = lambda v: _HEAD + plot_h * (1 - v / top)  # noqa: E731
+
+    def y(v: float) -> float:
+        return _HEAD + plot_h * (1 - v / top)
+
     slot = _PANEL / max(len(labels), 1)
-    x = lambda i: x0 + slot * (i + 0.5)  # noqa: E731
+
+    def x(i: int) -> float:
+        return x0 + slot * (i + 0.5)
+
     out.append(f'<text x="{x0}" y="{_HEAD - 14}" class="muted">{_e(title)}</text>')
     for tick in ticks(top):
         out.append(f'<line class="grid" x1="{x0}" y1="{y(tick):.1f}" x2="{x0 + _PANEL}" y2="{y(tick):.1f}"/>')
@@ -124,7 +130,8 @@ def render_html(doc: Mapping[str, Any]) -> str:
     levels = [level for level in doc.get("levels") or [] if isinstance(level, Mapping)]
     labels = [str(level.get("level", "?")) for level in levels]
     knee = doc.get("knee") if isinstance(doc.get("knee"), int) else None
-    slo = config.get("slo") if isinstance(config.get("slo"), Mapping) else {}
+    slo_value = config.get("slo")
+    slo: Mapping[str, Any] = slo_value if isinstance(slo_value, Mapping) else {}
     title = f"otel-llm bench: {config.get('model', '?')} at {config.get('url', '?')}"
     latency = _chart(
         "latency", "latency against load",

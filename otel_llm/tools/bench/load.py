@@ -181,7 +181,7 @@ class _Stream:
         if isinstance(obj, dict) and self._is_token(obj):
             self.token_times.append(now)
 
-    def _is_token(self, obj: dict) -> bool:
+    def _is_token(self, obj: dict[str, Any]) -> bool:
         """A chunk for a generated token. OpenAI-style: any chunk with a choice except the role
         chunk, as vLLM's bench counts (a token whose text is still a partial UTF-8 sequence, the
         finish chunk); the role chunk may come with the headers, before any token. Elsewhere: a

@@ -12,8 +12,10 @@
 * Trust: a stream whose tokens reached the bench in bursts (``RequestRecord.burst``) was not timed
   as the server sent it. When such streams are not rare (``BURST_SHARE``), the level's stream
   timings are not trusted and ``bursts`` says why: the generator's own loop stalled while they
-  streamed, for at least half their longest silence (``RequestRecord.stalled``), waiting for a CPU (``generator_cpu``) or busy with its own work (``generator_busy``;
-  ``generator`` where Linux's scheduler statistics cannot tell which), or it read on time and the server or an intermediary released them in bursts (``upstream``).
+  streamed, for at least half their longest silence (``RequestRecord.stalled``), waiting for a
+  CPU (``generator_cpu``) or busy with its own work (``generator_busy``; ``generator`` where
+  Linux's scheduler statistics cannot tell which), or it read on time and the server or an
+  intermediary released them in bursts (``upstream``).
 """
 
 from __future__ import annotations
@@ -77,8 +79,14 @@ def meets(record: RequestRecord, slo: Mapping[str, float]) -> bool:
     if not record.ok:
         return False
     values = {"ttft": record.ttft, "tpot": record.tpot, "e2el": record.e2el}
-    return all(values[k] is None and k == "tpot" or (values[k] is not None and values[k] <= limit)
-               for k, limit in slo.items())
+
+    def within(key: str, limit: float) -> bool:
+        value = values[key]
+        if value is None:
+            return key == "tpot"
+        return value <= limit
+
+    return all(within(k, limit) for k, limit in slo.items())
 
 
 def summarize(result: LevelResult, slo: Mapping[str, float] | None = None,

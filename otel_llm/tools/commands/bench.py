@@ -317,7 +317,7 @@ def _instrument(args: argparse.Namespace, auth: Auth, providers: Any, options: d
     proven = detection.runtime if detection.runtime and same else None
     runtimes = {server_root(args.url): proven} if proven else None
     otel_llm.instrument(**options, tracer_provider=providers.tracer_provider,
-                        meter_provider=providers.meter_provider, **({"runtimes": runtimes} if runtimes else {}))
+                        meter_provider=providers.meter_provider, runtimes=runtimes)  # None: as if not passed
     natives = NativeCollector()
     if hasattr(providers.tracer_provider, "add_span_processor"):  # an SDK provider: the runtime's figures
         providers.tracer_provider.add_span_processor(natives)

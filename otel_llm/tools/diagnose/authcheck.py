@@ -199,8 +199,8 @@ def _burst(client: httpx.Client, url: str, headers: dict[str, str], payload: Any
         detail = f"{len(hung)} of {n} requests got no answer within {timeout} s: unbounded queueing"
     elif limited and len(with_retry) == len(limited):
         outcome, passed = "limited", True
-        detail = f"{len(limited)} of {n} rejected with {sorted({o[0] for o in limited if o[0] is not None})} and Retry-After, " \
-                 f"{len(served)} served"
+        rejected = sorted({o[0] for o in limited if o[0] is not None})
+        detail = f"{len(limited)} of {n} rejected with {rejected} and Retry-After, {len(served)} served"
     elif limited:
         outcome, passed = "limited_without_retry_after", False
         detail = f"{len(limited)} of {n} rejected with 429/503 but without Retry-After"

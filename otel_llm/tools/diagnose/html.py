@@ -1,7 +1,8 @@
 """Self-contained HTML report of a diagnose run, rendered from its JSON record.
 
-``render_html(record)`` takes the dict that ``--json FILE`` writes (see :func:`otel_llm.tools.diagnose.report.json_record`)
-and returns one HTML document: inline CSS, inline SVG charts drawn here, no scripts, fonts or external resources.
+``render_html(record)`` takes the dict that ``--json FILE`` writes (see
+:func:`otel_llm.tools.diagnose.report.json_record`) and returns one HTML document: inline CSS,
+inline SVG charts drawn here, no scripts, fonts or external resources.
 Every text taken from the record is escaped. Nothing from the environment is added: the record is already masked.
 """
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import os
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from otel_llm.tools.html_report import document, nice_max as _nice_max, svg_open as _svg_open, ticks as _ticks
@@ -89,7 +90,7 @@ def _trial_label(trial: Mapping[str, Any]) -> str:
 
 def median_warm_trial(target: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """The successful warm trial whose ttft is the (lower) median, or None."""
-    warm = [t for t in target.get("warm") or [] if _ok(t) and _num(t.get("ttft")) is not None]
+    warm: list[Mapping[str, Any]] = [t for t in target.get("warm") or [] if _ok(t) and _num(t.get("ttft")) is not None]
     if not warm:
         warm = [t for t in target.get("warm") or [] if _ok(t)]
         return warm[len(warm) // 2] if warm else None
@@ -137,7 +138,10 @@ def waterfall_svg(trial: Mapping[str, Any], title: str) -> str:
     rows = (1 if total is not None else 0) + len(segments)
     height = head + max(rows, 1) * row_h + 40
     plot_w = width - left - right
-    x = lambda v: left + plot_w * (v / top)  # noqa: E731
+
+    def x(v: float) -> float:
+        return left + plot_w * (v / top)
+
     out = _svg_open("waterfall", width, height, title, f"waterfall of {title}")
     base = head + max(rows, 1) * row_h
     for tick in _ticks(top):
@@ -172,13 +176,16 @@ def waterfall_svg(trial: Mapping[str, Any], title: str) -> str:
     return "\n".join(out)
 
 
-def _vbar_chart(kind: str, title: str, bars: Sequence[tuple[str, float | None, str]], unit_fmt,
+def _vbar_chart(kind: str, title: str, bars: Sequence[tuple[str, float | None, str]], unit_fmt: Callable[[float], str],
                 width: int = 540, height: int = 260) -> list[str]:
     """Vertical bars: (label, value, colour); returns SVG lines without the closing tag."""
     left, right, head, foot = 60, 20, 34, 50
     plot_h = height - head - foot
     top = _nice_max(max([v for _l, v, _c in bars if v is not None] + [0.0]))
-    y = lambda v: head + plot_h * (1 - v / top)  # noqa: E731
+
+    def y(v: float) -> float:
+        return head + plot_h * (1 - v / top)
+
     out = _svg_open(kind, width, height, title, title)
     for tick in _ticks(top):
         out.append(f'<line class="grid" x1="{left}" y1="{y(tick):.1f}" x2="{width - right}" y2="{y(tick):.1f}"/>')
@@ -242,7 +249,9 @@ def concurrency_svg(target: Mapping[str, Any]) -> str:
     slot = panel_w / max(len(levels), 1)
     bar_w = min(60.0, slot * 0.6)
     for p, (ptitle, top, fmt, x0) in enumerate(panels):
-        y = lambda v, top=top: head + plot_h * (1 - v / top)  # noqa: E731
+        def y(v: float, top: float = top) -> float:
+            return head + plot_h * (1 - v / top)
+
         out.append(f'<text x="{x0}" y="{head - 12}" class="muted">{_e(ptitle)}</text>')
         for tick in _ticks(top):
             out.append(f'<line class="grid" x1="{x0}" y1="{y(tick):.1f}" x2="{x0 + panel_w}" y2="{y(tick):.1f}"/>')
@@ -294,8 +303,13 @@ def prompt_sweep_svg(sweep: Sequence[Mapping[str, Any]]) -> str:
     values = [_num(p.get(k)) for p in points for k in ("ttft_s", "native_prompt_eval_s")]
     top_y = _nice_max(max([v for v in values if v is not None] + [0.0]))
     top_x = _nice_max(max([float(p["prompt_tokens"]) for p in points] + [0.0]))
-    x = lambda v: left + plot_w * (v / top_x)  # noqa: E731
-    y = lambda v: head + plot_h * (1 - v / top_y)  # noqa: E731
+
+    def x(v: float) -> float:
+        return left + plot_w * (v / top_x)
+
+    def y(v: float) -> float:
+        return head + plot_h * (1 - v / top_y)
+
     out = _svg_open("prompt-sweep", width, height, "time to first token vs prompt tokens", "prompt size sweep")
     for tick in _ticks(top_y):
         out.append(f'<line class="grid" x1="{left}" y1="{y(tick):.1f}" x2="{width - right}" y2="{y(tick):.1f}"/>')
@@ -306,8 +320,8 @@ def prompt_sweep_svg(sweep: Sequence[Mapping[str, Any]]) -> str:
     out.append(f'<text x="{left + plot_w / 2}" y="{head + plot_h + 30}" text-anchor="middle">prompt tokens</text>')
     for key, color, name in (("ttft_s", WARM_COLOR, "ttft (client)"),
                              ("native_prompt_eval_s", EVAL_COLOR, "prompt eval (native)")):
-        pts = [(float(p["prompt_tokens"]), _num(p.get(key))) for p in points]
-        pts = [(px, py) for px, py in pts if py is not None]
+        measured = [(float(p["prompt_tokens"]), _num(p.get(key))) for p in points]
+        pts = [(px, py) for px, py in measured if py is not None]
         if len(pts) > 1:
             d = " ".join(f"{'M' if k == 0 else 'L'}{x(px):.1f},{y(py):.1f}" for k, (px, py) in enumerate(pts))
             out.append(f'<path class="line" d="{d}" fill="none" stroke="{color}" stroke-width="1.5"/>')

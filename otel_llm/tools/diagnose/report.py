@@ -82,7 +82,10 @@ def summary_table(results: Sequence[TargetResult]) -> list[str]:
         rows.append([f"c={level} rate"] + [
             _fmt(median(t.client_rate for t in r.concurrency.get(level, [])), "tok/s") for r in results])
     widths = [max(len(row[i]) for row in [headers, *rows]) for i in range(len(headers))]
-    line = lambda row: "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()  # noqa: E731
+
+    def line(row: Sequence[str]) -> str:
+        return "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
+
     return [line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)]
 
 

@@ -42,7 +42,8 @@ def refit(sentences: int, done: Sequence[Trial], context: int, max_tokens: int) 
     slope between two sizes; after one, the larger of the estimate and what that one cost; the
     tiny vLLM test model spends about 28 tokens on a sentence that costs Gemma 12)."""
     # a prompt trial's index is its number of sentences
-    measured = sorted((t.index, _tokens(t)) for t in done if t.ok and t.index > 0 and _tokens(t))
+    sized = ((t.index, _tokens(t)) for t in done if t.ok and t.index > 0)
+    measured = sorted((index, tokens) for index, tokens in sized if tokens)
     if not measured:
         return sentences
     (low, low_tokens), (high, high_tokens) = measured[0], measured[-1]

@@ -23,8 +23,8 @@ from .trials import TargetResult, Trial
 __all__ = ["CODES", "THRESHOLDS", "Verdict", "median", "verdicts"]
 
 CODES = ("unreachable", "http_error", "auth_missing", "runtime_restarted", "memory_pressure", "cold_start",
-         "prefill_bound", "decode_bound", "queueing", "shared_compute", "buffering", "network_path", "partial_offload", "context_pressure",
-         "healthy")
+         "prefill_bound", "decode_bound", "queueing", "shared_compute", "buffering", "network_path", "partial_offload",
+         "context_pressure", "healthy")
 
 THRESHOLDS = {
     # cold trial's ttft exceeds the warm median by this much (s) and by this factor

@@ -1,6 +1,7 @@
 """Forwarding: which headers cross the gateway, and the streaming pass-through upstream.
 
-Bytes are relayed as they arrive (the payload as ``upstream.Upstream`` yields it: no decoding, no re-chunking, no buffering).
+Bytes are relayed as they arrive (the payload as ``upstream.Upstream`` yields it: no decoding, no
+re-chunking, no buffering).
 """
 
 from __future__ import annotations

@@ -59,7 +59,8 @@ def build_app(config: GatewayConfig, **instrument_options: Any) -> tuple[Gateway
     key = _upstream_key(config)
     holder: dict[str, Gateway] = {}
     telemetry = GatewayTelemetry(providers.tracer_provider, providers.meter_provider,
-                                 access_logger(config.access_log, config.access_log_max_bytes, config.access_log_backups),
+                                 access_logger(config.access_log, config.access_log_max_bytes,
+                                               config.access_log_backups),
                                  (lambda: holder["app"].admission.depth) if config.authenticates else None,
                                  user_agent=proxy)
     app = holder["app"] = Gateway(config, telemetry, key,

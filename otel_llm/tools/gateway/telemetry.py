@@ -120,7 +120,8 @@ def access_logger(target: str, max_bytes: int = 100 * 1024 * 1024, backups: int 
     if target == "-":
         handler = logging.StreamHandler()
     elif max_bytes and backups:
-        handler = logging.handlers.RotatingFileHandler(target, maxBytes=max_bytes, backupCount=backups, encoding="utf-8")
+        handler = logging.handlers.RotatingFileHandler(target, maxBytes=max_bytes, backupCount=backups,
+                                                       encoding="utf-8")
     elif max_bytes:  # no previous file kept: start the file afresh
         handler = _TruncatingHandler(target, max_bytes)
     else:
@@ -283,8 +284,9 @@ class GatewayTelemetry:
         return attrs
 
     def _record(self, exchange: Exchange, span_context: trace.SpanContext) -> None:
-        attrs = {sc.LLM_GATEWAY_OUTCOME: exchange.outcome, sc.HTTP_RESPONSE_STATUS_CODE: exchange.status,
-                 sc.LLM_GATEWAY_KEY_ID: exchange.key_id or "-"}
+        attrs: dict[str, str | int] = {sc.LLM_GATEWAY_OUTCOME: exchange.outcome,
+                                       sc.HTTP_RESPONSE_STATUS_CODE: exchange.status,
+                                       sc.LLM_GATEWAY_KEY_ID: exchange.key_id or "-"}
         self.requests.add(1, attrs)
         if exchange.queue is not None:
             self.queue_wait.record(exchange.queue_wait_s, {sc.LLM_GATEWAY_OUTCOME: exchange.outcome})

@@ -448,7 +448,7 @@ class Upstream:
             if call is not None:
                 call.tls_started()
             try:
-                conn.transport = await loop.start_tls(conn.transport, conn, self._ssl,  # type: ignore[arg-type,assignment]
+                conn.transport = await loop.start_tls(conn.transport, conn, self._ssl,  # type: ignore[arg-type]
                                                       server_hostname=self.host)
             except BaseException:
                 conn.close()

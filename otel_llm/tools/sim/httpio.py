@@ -78,7 +78,7 @@ async def read_request(reader: asyncio.StreamReader, writer: asyncio.StreamWrite
 
 async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str]) -> bytes:
     if "chunked" in headers.get("transfer-encoding", "").lower():
-        parts = []
+        parts: list[bytes] = []
         while True:
             size_line = await reader.readuntil(b"\r\n")
             size = int(size_line.split(b";")[0].strip() or b"0", 16)
