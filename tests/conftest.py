@@ -26,6 +26,19 @@ from otel_llm._log import reset_log_once
 from otel_llm_testing import markers
 
 
+TIMING_RERUNS = 2  # a timing test's reruns unless its marker says: pytest.mark.timing(reruns=1)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Only a test marked ``timing`` (it asserts on wall-clock time on a shared 2-core machine) is
+    rerun on failure; a pure logic test fails at once, so a regression cannot pass on a rerun."""
+    for item in items:
+        timing = item.get_closest_marker("timing")
+        if timing is not None:
+            rerun = getattr(pytest.mark, "flaky")  # pytest-rerunfailures' marker, named once here
+            item.add_marker(rerun(reruns=int(timing.kwargs.get("reruns", TIMING_RERUNS))))
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Before the test's fixtures: what it may start (a real runtime or backend needs its marker)."""

@@ -15,8 +15,6 @@ from otel_llm.parse.encoding import MAX_DECODED, decoder_for
 from tests.clients import CASES
 from tests.conftest import Otel, configure_sim
 
-pytestmark = pytest.mark.flaky(reruns=2)
-
 TOKENS = 8
 # one case per transport and read style (httpx raw, aiohttp decoding itself, aiohttp under an
 # httpx transport that leaves decoding to httpx, urllib3 under requests)
@@ -41,6 +39,7 @@ def _summary(otel: Otel) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("encoding", ["gzip", "deflate"])
 @pytest.mark.parametrize("case", CLIENTS, ids=[c.id for c in CLIENTS])
+@pytest.mark.timing  # both TTFTs within 30 ms of each other
 def test_compressed_stream_gives_the_same_telemetry(case, encoding: str, sim, otel: Otel) -> None:
     configure_sim(sim, tokens=TOKENS, first_token_delay=0.1, token_interval=0.01, runtime="llama.cpp")
     seen = {}

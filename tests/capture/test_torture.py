@@ -1013,7 +1013,7 @@ def test_no_cross_talk_between_16_threads_on_one_client(sim: Any, otel: Any) -> 
 # One event loop running 100 streams on a 2-core machine now and then notes a call's headers more
 # than SLACK late (0.46 s against 0.15 + 0.3 in a CI run); swapped marks, what this test is about,
 # would fail every run (and the rank correlation), so a late run is run again.
-@pytest.mark.flaky(reruns=2)
+@pytest.mark.timing
 def test_no_cross_talk_between_100_tasks_on_one_async_client(sim: Any, otel: Any) -> None:
     plans = {p["model"]: p for p in (_plan(k, "task") for k in range(100))}
     url = sim.base_url + CHAT

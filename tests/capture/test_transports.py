@@ -25,7 +25,7 @@ from tests.clients import TRANSPORT_PHASES
 from tests.conftest import Otel, configure_sim, make_otel
 from tests.helpers_servers import ModelServer
 
-pytestmark = pytest.mark.flaky(reruns=2)  # timing on a shared 2-core machine
+# the tests marked timing measure durations or need two calls to overlap, on a shared 2-core machine
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 STREAM = {**CHAT, "stream": True}
@@ -96,6 +96,7 @@ def _one_pool_wait(otel: Otel) -> None:
     assert len(waits) == 1 and (waits[0].end_time - waits[0].start_time) / 1e9 > 0.08, waits
 
 
+@pytest.mark.timing
 def test_aiohttp_pool_wait(sim, otel: Otel) -> None:
     configure_sim(sim, tokens=10, first_token_delay=0.05, token_interval=0.01)
 
@@ -111,6 +112,7 @@ def test_aiohttp_pool_wait(sim, otel: Otel) -> None:
     _one_pool_wait(otel)
 
 
+@pytest.mark.timing
 def test_requests_pool_wait(sim, otel: Otel) -> None:
     configure_sim(sim, tokens=10, first_token_delay=0.05, token_interval=0.01)
     session = requests.Session()
@@ -225,6 +227,7 @@ def _only(otel: Otel) -> Any:
 
 
 @pytest.mark.slow
+@pytest.mark.timing  # an early exit ends the call within 0.4 s
 def test_aiohttp_early_exit_cancellation_and_garbage(sim, otel: Otel) -> None:
     configure_sim(sim, tokens=50, first_token_delay=0.0, token_interval=0.01)
     url = f"{sim.base_url}/v1/chat/completions"
@@ -273,6 +276,7 @@ def test_aiohttp_early_exit_cancellation_and_garbage(sim, otel: Otel) -> None:
     assert call.attributes[sc.LLM_CLIENT_END_REASON] in ("garbage_collected", "closed")
 
 
+@pytest.mark.timing  # an early close ends the call within 0.4 s
 def test_requests_early_close_and_garbage(sim, otel: Otel) -> None:
     configure_sim(sim, tokens=50, first_token_delay=0.0, token_interval=0.01)
     url = f"{sim.base_url}/v1/chat/completions"

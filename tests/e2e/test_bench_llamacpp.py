@@ -16,7 +16,7 @@ from otel_llm.tools.bench import knee
 from otel_llm_testing.llama_server import LlamaServer
 from tests.helpers_servers import clean_env
 
-pytestmark = [pytest.mark.timeout(600), pytest.mark.flaky(reruns=1), pytest.mark.runtime]
+pytestmark = [pytest.mark.timeout(600), pytest.mark.runtime]
 
 REPO = Path(__file__).resolve().parents[2]
 OUTPUT = 32
@@ -91,6 +91,7 @@ def _knee_is_the_tables(doc: dict[str, Any], out: str) -> None:
     assert "peak RSS" in out and "goodput" in out
 
 
+@pytest.mark.timing(reruns=1)
 def test_one_slot_queues_the_second_request(tmp_path: Path) -> None:
     with LlamaServer(slots=1) as server:
         out, doc = _bench(server, tmp_path)
@@ -104,6 +105,7 @@ def test_one_slot_queues_the_second_request(tmp_path: Path) -> None:
     _knee_is_the_tables(doc, out)
 
 
+@pytest.mark.timing(reruns=1)
 def test_two_slots_serve_two_at_once(tmp_path: Path) -> None:
     with LlamaServer(slots=2) as server:
         out, doc = _bench(server, tmp_path)

@@ -18,7 +18,7 @@ from otel_llm import semconv as sc
 from otel_llm_testing import LlamaServer
 from tests.conftest import Otel
 
-pytestmark = [pytest.mark.timeout(900), pytest.mark.flaky(reruns=2), pytest.mark.runtime]
+pytestmark = [pytest.mark.timeout(900), pytest.mark.runtime]
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +95,7 @@ def test_repeated_prompt_reads_from_the_cache(server: LlamaServer, otel: Otel) -
     assert second.attributes[sc.LLM_RUNTIME_PROMPT_TOKENS] < first.attributes[sc.LLM_RUNTIME_PROMPT_TOKENS]
 
 
+@pytest.mark.timing
 def test_client_generation_rate_matches_the_native_rate(server: LlamaServer, otel: Otel) -> None:
     _chat(server, _fresh("Count slowly."), max_tokens=64, ignore_eos=True)
     call, _ = otel.one_call()
@@ -116,6 +117,7 @@ def test_raw_httpx_completion_stream(server: LlamaServer, otel: Otel) -> None:
     _consistent(otel, call)
 
 
+@pytest.mark.timing
 def test_second_concurrent_call_queues_in_the_single_slot(server: LlamaServer, otel: Otel) -> None:
     # a long first generation and a short second one: the second call spends most of its time queued
     threads = [threading.Thread(target=_chat, args=(server, _fresh("Write a short poem.")),
@@ -135,6 +137,7 @@ def test_second_concurrent_call_queues_in_the_single_slot(server: LlamaServer, o
         _consistent(otel, call)
 
 
+@pytest.mark.timing
 def test_long_prompt_costs_prefill_time(server: LlamaServer, otel: Otel) -> None:
     _chat(server, _fresh("Say hi."), max_tokens=4)
     long_text = " ".join(f"item {i} is a small blue stone." for i in range(110))  # ~1,000 tokens

@@ -171,12 +171,12 @@ def _against_the_simulator(sim: SimProcess, tmp_path: Path, client: Client, user
     assert sorted(errors)[-2] <= TOLERANCE + max(jitter), (errors, jitter)
 
 
-@pytest.mark.flaky(reruns=2)  # timing on a shared 2-core machine
+@pytest.mark.timing
 def test_nodejs_openai_through_the_proxy(sim: SimProcess, node: Client, tmp_path: Path) -> None:
     _against_the_simulator(sim, tmp_path, node, OPENAI_JS_USER_AGENT, whole=True)
 
 
-@pytest.mark.flaky(reruns=2)
+@pytest.mark.timing
 def test_go_net_http_through_the_proxy(sim: SimProcess, go: Client, tmp_path: Path) -> None:
     _against_the_simulator(sim, tmp_path, go, GO_USER_AGENT, whole=False)
 
@@ -233,12 +233,12 @@ def _against_llamacpp(llama: LlamaServer, tmp_path: Path, client: Client, user_a
 
 
 @pytest.mark.runtime
-@pytest.mark.flaky(reruns=2)
+@pytest.mark.timing
 def test_nodejs_openai_through_the_proxy_to_llamacpp(llama: LlamaServer, node: Client, tmp_path: Path) -> None:
     _against_llamacpp(llama, tmp_path, node, OPENAI_JS_USER_AGENT, whole=True)
 
 
 @pytest.mark.runtime
-@pytest.mark.flaky(reruns=2)
+@pytest.mark.timing
 def test_go_net_http_through_the_proxy_to_llamacpp(llama: LlamaServer, go: Client, tmp_path: Path) -> None:
     _against_llamacpp(llama, tmp_path, go, GO_USER_AGENT, whole=False)

@@ -14,7 +14,7 @@ from otel_llm import semconv as sc
 from otel_llm_testing import LlamaServer
 from tests.tools.test_proxy import CHAT, KIND_CLIENT, KIND_SERVER, Proxy, children, curl, events, framing, text_of
 
-pytestmark = [pytest.mark.timeout(900), pytest.mark.flaky(reruns=2), pytest.mark.runtime, pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(900), pytest.mark.runtime, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -262,7 +262,7 @@ def _overlapping(trials: list[dict[str, Any]]) -> bool:
 
 # vLLM's API server shares 2 cores with its engine and worker here and now and then sends a whole
 # stream in one burst: a run that saw it is run again (its evidence is printed)
-@pytest.mark.flaky(reruns=2)
+@pytest.mark.timing
 def test_diagnose_names_vllm_and_never_calls_batching_queueing(vllm: VllmServer, tmp_path: Path) -> None:
     """Continuous batching: concurrent requests overlap and decode together; no ``queueing``, and
     no false alarm (``shared_compute`` is the one finding concurrency may bring, with its evidence)."""
@@ -296,7 +296,7 @@ def test_diagnose_names_vllm_and_never_calls_batching_queueing(vllm: VllmServer,
 
 
 # --- queueing: one sequence at a time -----------------------------------------------------------
-@pytest.mark.flaky(reruns=1)
+@pytest.mark.timing(reruns=1)
 def test_second_call_waits_in_vllms_queue_and_the_client_sees_it(phoenix: PhoenixServer, tmp_path: Path) -> None:
     """``--max-num-seqs 1``: a call started while another generates waits for it in vLLM's queue;
     the client's unaccounted wait is that queue time (plus prefill and transit)."""
@@ -476,7 +476,7 @@ def test_every_vllm_process_may_use_amx_tiles() -> None:
 
 # the one request is a one-token prompt, the first the server gets: on an AMX machine that
 # killed vLLM's worker (SIGILL, a 500) until the virtualenv asked for AMX first (_vllm_amx.py)
-@pytest.mark.flaky(reruns=1)
+@pytest.mark.timing(reruns=1)
 def test_page_serve_command_traces_into_phoenix(phoenix: PhoenixServer, tmp_path: Path) -> None:
     """``python -m otel_llm_testing.vllm --otlp URL`` (a free port instead of 8000, this test's
     Phoenix instead of 6006): it serves, and a request's ``traceparent`` parents vLLM's span."""

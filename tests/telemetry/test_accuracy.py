@@ -17,7 +17,9 @@ import pytest
 from otel_llm import semconv as sc
 from tests.conftest import Otel, configure_sim, raw_timeline
 
-pytestmark = pytest.mark.flaky(reruns=2)
+# every test here asserts on measured durations against the simulator's, on a shared 2-core machine:
+# one bad scheduling moment is not a regression
+pytestmark = pytest.mark.timing
 
 HEADERS_DELAY = 0.040
 FIRST_TOKEN_DELAY = 0.060

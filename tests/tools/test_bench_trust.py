@@ -179,7 +179,7 @@ def test_a_blocked_loop_is_a_stall_outside_the_run_queue() -> None:
 
 
 # --- against real processes -----------------------------------------------------------------------------
-@pytest.mark.flaky(reruns=2)  # timing on a shared 2-core machine
+@pytest.mark.timing
 def test_a_buffering_server_is_named_not_the_generator(traced: Otel) -> None:
     with SimProcess(first_token_delay=0.05, token_interval=0.005, tokens=24, buffering=True,
                     buffer_flush_frames=12) as sim:
@@ -194,7 +194,7 @@ def test_a_buffering_server_is_named_not_the_generator(traced: Otel) -> None:
     assert [s.attributes["llm.diagnosis.stream_buffered"] for s in judged] == [True] * 6
 
 
-@pytest.mark.flaky(reruns=2)  # timing on a shared 2-core machine
+@pytest.mark.timing
 def test_a_loop_busy_with_its_own_work_is_named(traced: Otel, monkeypatch: pytest.MonkeyPatch) -> None:
     feed = _Stream.feed
 
@@ -214,7 +214,7 @@ def test_a_loop_busy_with_its_own_work_is_named(traced: Otel, monkeypatch: pytes
 
 
 @pytest.mark.slow
-@pytest.mark.flaky(reruns=2)  # timing on a shared 2-core machine
+@pytest.mark.timing
 @pytest.mark.skipif(not LINUX_SCHEDSTAT or len(os.sched_getaffinity(0)) < 2,
                     reason="needs Linux's scheduler statistics and two CPUs")
 def test_a_generator_starved_of_cpu_is_named_as_the_limit(traced: Otel) -> None:

@@ -22,9 +22,6 @@ from otel_llm.tools.diagnose.verdicts import CODES, THRESHOLDS, Verdict, verdict
 
 from tests.conftest import configure_sim
 
-# timing on a shared 2-core machine: one bad scheduling moment is not a regression
-pytestmark = pytest.mark.flaky(reruns=2)
-
 SECRET = "sk-diagnose-test-secret-9f3b2c"
 
 
@@ -54,9 +51,12 @@ def codes(data: dict[str, Any]) -> list[str]:
 
 
 # --- scenarios against the simulator -------------------------------------------------------------
-
+# A verdict decided from measured times is marked timing (rerun on failure): on a shared 2-core
+# machine one bad scheduling moment is not a regression. Reachability, HTTP status, auth and the
+# record's structure do not depend on the clock and run once.
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_healthy_no_false_alarm(sim: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                 _traces_file: Path) -> None:
     code, data = diagnose(sim.base_url, tmp_path)
@@ -71,6 +71,7 @@ def test_healthy_no_false_alarm(sim: Any, tmp_path: Path, capsys: pytest.Capture
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_cold_start(sim: Any, tmp_path: Path) -> None:
     configure_sim(sim, cold_delay=1.0)
     _, data = diagnose(sim.base_url, tmp_path)
@@ -84,6 +85,7 @@ def test_cold_start(sim: Any, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_queueing(sim: Any, tmp_path: Path) -> None:
     configure_sim(sim, concurrency="serialized")
     _, data = diagnose(sim.base_url, tmp_path)
@@ -92,6 +94,7 @@ def test_queueing(sim: Any, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_buffering(sim: Any, tmp_path: Path) -> None:
     configure_sim(sim, buffering=True, buffer_flush_interval=0.15, token_interval=0.01)
     _, data = diagnose(sim.base_url, tmp_path)
@@ -100,6 +103,7 @@ def test_buffering(sim: Any, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_text_completions_are_diagnosed_as_chat_is(sim: Any, tmp_path: Path) -> None:
     """``--api openai-completions`` (``/v1/completions``): the same procedure, the same verdicts."""
     configure_sim(sim, buffering=True, buffer_flush_interval=0.15, token_interval=0.01)
@@ -109,6 +113,7 @@ def test_text_completions_are_diagnosed_as_chat_is(sim: Any, tmp_path: Path) -> 
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_slow_prefill(sim: Any, tmp_path: Path) -> None:
     """llama.cpp reports its prompt evaluation: a long one is named, not mistaken for queueing."""
     configure_sim(sim, runtime="llama.cpp", first_token_delay=0.8, token_interval=0.02, tokens=16)
@@ -117,6 +122,7 @@ def test_slow_prefill(sim: Any, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_slow_decode(sim: Any, tmp_path: Path) -> None:
     configure_sim(sim, first_token_delay=0.02, token_interval=0.1, tokens=16)  # 10 tokens/s
     _, data = diagnose(sim.base_url, tmp_path, "--max-concurrency", "1")
@@ -204,6 +210,7 @@ def test_json_structure(sim: Any, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timing  # 'healthy' for the live target rests on its measured times
 def test_two_targets_side_by_side(sim: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     down = f"http://127.0.0.1:{_free_port()}"
     record = tmp_path / "two.json"
@@ -414,6 +421,7 @@ def test_prefill_fit_is_least_squares() -> None:
 
 
 @pytest.mark.runtime
+@pytest.mark.timing  # the fitted prefill rate is measured
 def test_prompt_sweep_on_the_real_llamacpp_server(tmp_path: Path) -> None:
     """Native prompt evaluation grows with the prompt: the fitted prefill rate is a real number."""
     from otel_llm_testing import LlamaServer
@@ -442,6 +450,7 @@ def test_prompt_sweep_on_the_real_llamacpp_server(tmp_path: Path) -> None:
 
 
 @pytest.mark.runtime
+@pytest.mark.timing  # a fit needs the bigger prompt measured slower
 def test_prompt_sweep_stays_within_a_small_context(tmp_path: Path) -> None:
     """A llama.cpp server holding 512 tokens per request: the sweep's sizes are brought within
     80 % of it (prompt and output limit), every point is answered, and the fit has them all."""
@@ -464,6 +473,7 @@ def test_prompt_sweep_stays_within_a_small_context(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_deliberate_cold_trials_through_the_ollama_lifecycle_control(tmp_path: Path) -> None:
     from otel_llm.tools.sim import SimProcess
 
@@ -513,6 +523,7 @@ def test_verdict_partial_offload_needs_both_sizes() -> None:
 
 
 @pytest.mark.runtime
+@pytest.mark.timing  # the verdicts of a real server rest on its measured times
 def test_api_is_detected_when_not_given(tmp_path: Path) -> None:
     from otel_llm_testing import LlamaServer
 
@@ -544,6 +555,7 @@ def test_api_is_detected_when_not_given(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_network_path_between_two_urls_of_the_same_service(tmp_path: Path) -> None:
     from otel_llm.tools.diagnose.lab import DelayingProxy
     from otel_llm.tools.sim import SimProcess

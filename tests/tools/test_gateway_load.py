@@ -32,8 +32,10 @@ import pytest
 from otel_llm.tools.gateway.process import GatewayProcess
 from otel_llm.tools.sim import SimProcess
 
-# timing on a shared 2-core machine: one bad scheduling moment is not a regression
-pytestmark = pytest.mark.flaky(reruns=2)
+# Every test here judges time, overlap or a deadline (the module is about the gateway in time), so
+# all are timing (rerun on failure): on a shared 2-core machine one bad scheduling moment is not a
+# regression.
+pytestmark = pytest.mark.timing
 
 CHAT = "/v1/chat/completions"
 PROMPT = [{"role": "user", "content": "one two three"}]

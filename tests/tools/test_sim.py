@@ -16,9 +16,6 @@ import pytest
 from otel_llm.tools.sim import SimConfig, SimProcess, SimServer
 from otel_llm.tools.commands.sim import add_arguments, config_from_args
 
-# timing on a shared 2-core machine: one bad scheduling moment is not a regression
-pytestmark = pytest.mark.flaky(reruns=2)
-
 # Client wall-clock tolerance. The simulator's own schedule is ~1 ms accurate (its reported
 # counters are checked to 5 ms), but a client-side measurement on this noisy 2-core machine also
 # carries thread scheduling and request handling: 15 ms failed about one run in three (+16 to
@@ -384,6 +381,7 @@ def test_expect_100_continue(sim: SimServer) -> None:
     assert b"HTTP/1.1 200 OK" in data
 
 
+@pytest.mark.timing  # the disconnect is noticed within a deadline
 def test_client_disconnect_mid_stream_is_survived(sim: SimServer, client: httpx.Client) -> None:
     with client.stream("POST", sim.base_url + "/api/chat", json=CHAT, headers={"x-sim-tokens": "50"}) as response:
         next(response.iter_lines())
@@ -462,6 +460,10 @@ def test_real_ollama_client(sim: SimServer) -> None:
 
 
 # --- timing (separate process) --------------------------------------------------------------------------
+# Marked timing (rerun on failure): on a shared 2-core machine one bad scheduling moment is not a
+# regression. Above, only the disconnect test (a deadline) is; the framing, control and SDK tests
+# check bytes and counts, and run once.
+@pytest.mark.timing
 def test_stream_timing_matches_injection(proc: SimProcess, client: httpx.Client) -> None:
     t_headers, lines = timed_lines(
         client, proc.base_url + "/v1/chat/completions", {**CHAT, "stream": True}, x_sim_headers_delay="0.05"
@@ -477,6 +479,7 @@ def test_stream_timing_matches_injection(proc: SimProcess, client: httpx.Client)
     assert tokens[-1] - tokens[0] == pytest.approx(4 * 0.03, abs=TOL, rel=0.1)
 
 
+@pytest.mark.timing
 def test_non_stream_arrives_at_total_time(proc: SimProcess, client: httpx.Client) -> None:
     start = time.perf_counter()
     response = post_text(client, proc.base_url + "/api/chat", {**CHAT, "stream": False}, x_sim_headers_delay="0.04")
@@ -491,6 +494,7 @@ def test_non_stream_arrives_at_total_time(proc: SimProcess, client: httpx.Client
     assert "load_duration" not in body or body["load_duration"] < 1e6
 
 
+@pytest.mark.timing
 def test_counters_consistent_with_timings(proc: SimProcess, client: httpx.Client) -> None:
     base, tol_ms = proc.base_url, TOL * 1000
     llama = post_text(client, base + "/completion", {"prompt": "x"}, x_sim_cached_tokens="3").json()["timings"]
@@ -514,6 +518,7 @@ def test_counters_consistent_with_timings(proc: SimProcess, client: httpx.Client
     assert stats["tokens_per_second"] == pytest.approx(5 / stats["generation_time"])
 
 
+@pytest.mark.timing
 def test_keepalive_frames_during_first_token_wait(proc: SimProcess, client: httpx.Client) -> None:
     t_headers, lines = timed_lines(
         client, proc.base_url + "/completion", {"prompt": "x", "stream": True},
@@ -525,6 +530,7 @@ def test_keepalive_frames_during_first_token_wait(proc: SimProcess, client: http
     assert token_times(lines)[0] - t_headers == pytest.approx(0.1, abs=TOL, rel=0.1)
 
 
+@pytest.mark.timing
 def test_anthropic_prelude_waits_for_first_token_without_role_frame(proc: SimProcess, client: httpx.Client) -> None:
     t_headers, lines = timed_lines(
         client, proc.base_url + "/v1/messages", {**CHAT, "stream": True, "max_tokens": 2}, x_sim_role_frame="false"
@@ -557,6 +563,7 @@ def _concurrent_posts(url: str, count: int, body: Any, headers: dict[str, str]) 
     return sorted(results, key=lambda item: item[0])
 
 
+@pytest.mark.timing
 def test_serialized_second_request_waits(proc: SimProcess) -> None:
     results = _concurrent_posts(proc.base_url + "/generate", 2, {"inputs": "x"}, {"x-sim-concurrency": "serialized"})
     one_generation = 0.1 + 4 * 0.03
@@ -570,6 +577,7 @@ def test_serialized_second_request_waits(proc: SimProcess) -> None:
     assert proc.stats()["max_in_flight"] == 2
 
 
+@pytest.mark.timing
 def test_parallel_requests_overlap(proc: SimProcess) -> None:
     results = _concurrent_posts(proc.base_url + "/generate", 3, {"inputs": "x"}, {})
     assert results[-1][0] == pytest.approx(0.22, abs=TOL, rel=0.1)
@@ -578,6 +586,7 @@ def test_parallel_requests_overlap(proc: SimProcess) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_cold_delay_first_request_and_after_unload(proc: SimProcess, client: httpx.Client) -> None:
     url = proc.base_url + "/api/chat"
     cold = {"x_sim_cold_delay": "0.2"}
@@ -609,6 +618,7 @@ def test_cold_delay_first_request_and_after_unload(proc: SimProcess, client: htt
     assert proc.stats()["cold_starts"] == 3
 
 
+@pytest.mark.timing
 def test_buffering_delivers_bursts(proc: SimProcess, client: httpx.Client) -> None:
     t_headers, lines = timed_lines(
         client, proc.base_url + "/api/chat", {**CHAT, "stream": True},
@@ -621,6 +631,7 @@ def test_buffering_delivers_bursts(proc: SimProcess, client: httpx.Client) -> No
     assert tokens[0] == pytest.approx(0.16, abs=TOL, rel=0.1) and tokens[3] == pytest.approx(0.25, abs=TOL, rel=0.1)
 
 
+@pytest.mark.timing
 def test_buffering_by_interval(proc: SimProcess, client: httpx.Client) -> None:
     t_headers, lines = timed_lines(
         client, proc.base_url + "/api/chat", {**CHAT, "stream": True},
