@@ -1,5 +1,5 @@
-"""The instrumentation session: one per process, behind ``otel_llm.instrument()`` and
-``OtelLlmInstrumentor`` alike.
+"""The process's instrumentation: at most one :class:`~otel_llm.session.Session` at a time,
+behind ``otel_llm.instrument()`` and ``OtelLlmInstrumentor`` alike.
 
 A plain module: ``otel_llm.instrument()`` needs neither ``opentelemetry.instrumentation`` (the
 ``BaseInstrumentor`` subclass in ``instrumentor`` delegates here) nor any HTTP library (each is
@@ -11,110 +11,68 @@ from __future__ import annotations
 
 import atexit
 import threading
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from otel_llm.config import Options
-    from otel_llm.export.providers import Providers
-    from otel_llm.observers.manager import Observers
+    from otel_llm.session import Session
     from otel_llm.telemetry.calls import Telemetry
 
-__all__ = ["current_telemetry", "instrument", "is_instrumented", "uninstrument"]
-
-
-@dataclass
-class _Session:
-    providers: Providers
-    observers: Observers | None
-
+__all__ = ["current_session", "current_telemetry", "instrument", "is_instrumented", "uninstrument"]
 
 # Serializes instrument() and uninstrument(); held while they import (never by import hooks,
 # which take capture.install's own lock).
 _lock = threading.RLock()
-_session: _Session | None = None
-_telemetry: Telemetry | None = None
+_session: Session | None = None
+
+
+def current_session() -> Session | None:
+    return _session
 
 
 def current_telemetry() -> Telemetry | None:
     """The sink the capture adapters hand model calls to (None: not instrumented)."""
-    return _telemetry
+    session = _session
+    return session.telemetry if session is not None else None
 
 
 def is_instrumented() -> bool:
     return _session is not None
 
 
-def _start_observers(options: Options, meter_provider: Any) -> Observers | None:
-    if not (options.host_metrics or options.gpu_metrics or options.runtime_metrics):
-        return None
-    from urllib.parse import urlsplit
-
-    from otel_llm.observers.manager import Observers
-
-    runtimes = {}
-    for base, name in options.runtimes.items():
-        parts = urlsplit(base)
-        if parts.hostname:
-            port = parts.port or (443 if parts.scheme == "https" else 80)
-            runtimes[(parts.hostname, port, parts.scheme or "http")] = name
-    return Observers(meter_provider, host=options.host_metrics, gpu=options.gpu_metrics,
-                     runtime=options.runtime_metrics, interval=options.sample_interval, runtimes=runtimes,
-                     poll=options.poll_runtimes)
-
-
 def instrument(**kwargs: Any) -> bool:
     """Start the session (see ``otel_llm.instrument``); False if one is already running."""
-    global _session, _telemetry
+    global _session
     with _lock:
         if _session is not None:
             return False
         from otel_llm._log import logger
-        from otel_llm.capture import install
-        from otel_llm.config import genai_semconv, resolve
-        from otel_llm.export.providers import build_providers
-        from otel_llm.telemetry.calls import CallSettings, Telemetry
+        from otel_llm.config import resolve
+        from otel_llm.session import Session
 
-        options = resolve(kwargs)
-        providers = build_providers(options)
-        settings = CallSettings(options.capture_content, options.runtimes, options.llm_routes, genai_semconv())
-        observers = _start_observers(options, providers.meter_provider)
-        _telemetry = Telemetry(providers.tracer_provider, providers.meter_provider, settings, observers)
-        _session = _Session(providers, observers)
-        install.activate(current_telemetry)
+        session = Session(resolve(kwargs))
+        _session = session
+        session.start()
         # Registered after the providers exist: atexit runs handlers last-in first-out, so open
         # calls are finished before any provider (ours or the application's) shuts down.
         atexit.register(_at_exit)
-        logger.debug("otel_llm: instrumented (%s)", providers.description)
+        logger.debug("otel_llm: instrumented (%s)", session.providers.description)
         return True
 
 
 def uninstrument() -> bool:
-    """Remove every hook, stop the observers, flush and shut down otel_llm's own providers;
-    False if not instrumented."""
-    global _session, _telemetry
+    """Stop the session (see ``Session.stop``); False if not instrumented."""
+    global _session
     with _lock:
         session = _session
         if session is None:
             return False
-        from otel_llm.capture import install
-
         atexit.unregister(_at_exit)
-        install.deactivate()
-        _telemetry = None
         _session = None
-        if session.observers is not None:
-            session.observers.stop()
-        session.providers.shutdown()
+        session.stop()
         return True
 
 
 def _at_exit() -> None:
-    from otel_llm.capture import hooks
-
-    telemetry, session = _telemetry, _session
-    if telemetry is not None:
-        hooks.flush_collected(1.0)  # garbage-collected calls still queued
-        telemetry.finish_live_calls()
+    session = _session
     if session is not None:
-        session.providers.shutdown()
+        session.end()

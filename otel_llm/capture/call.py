@@ -10,7 +10,8 @@ happens once, in the sink, when :meth:`LlmCall.finish` runs, exactly once whiche
 ends: end of body, early close, cancellation, error or garbage collection.
 
 Dependencies point one way: this package knows the sink only through :class:`CallSink`, and
-the sink reads the finished record without writing back into it.
+the sink reads the finished record without writing back into it. Capture owns its calls: the
+ones still open are here (:func:`open_calls`), and :func:`end_open_calls` ends them at exit.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CURRENT_CALL", "CallRecord", "CallRequest", "CallSink", "HeaderCarrier", "LlmCall", "Timeline", "TlsInfo",
-    "perf_ns", "END_CANCELLED", "END_CLOSED", "END_EOF", "END_ERROR", "END_EXIT", "END_GC", "END_UNTRACED",
+    "clock_anchor", "end_open_calls", "open_calls", "perf_ns",
+    "END_CANCELLED", "END_CLOSED", "END_EOF", "END_ERROR", "END_EXIT", "END_GC", "END_UNTRACED",
 ]
 
 perf_ns = time.perf_counter_ns
@@ -82,12 +84,31 @@ class CallSink(Protocol):
     def route(self, path: str) -> Route | None:
         """The model API a request to ``path`` speaks, or None: not a model call."""
 
-    def call_started(self, call: LlmCall) -> None:
-        """A call begins (trace context goes into ``call.request.headers``). The sink keeps what
-        it needs of the call itself, under ``call.key``."""
+    def call_started(self, call: LlmCall) -> object:
+        """A call begins (trace context goes into ``call.request.headers``). Returns what the
+        sink needs again at the end, handed back untouched to :meth:`call_finished`."""
 
-    def call_finished(self, record: CallRecord) -> None:
-        """The call ended: build its telemetry from the record (``record.key`` is ``call.key``)."""
+    def call_finished(self, record: CallRecord, state: object) -> None:
+        """The call ended: build its telemetry from the record and what ``call_started`` returned."""
+
+
+# The calls started and not finished yet, by key. Capture's own: the session ends them at exit
+# (``end_open_calls``), so that their spans are exported too. Plain dict operations, atomic
+# under the GIL: a lock here would cost every call.
+_open: dict[int, LlmCall] = {}
+
+
+def open_calls() -> list[LlmCall]:
+    """The calls started and not finished yet."""
+    return list(_open.values())
+
+
+def end_open_calls(reason: str = END_EXIT) -> int:
+    """Finish every open call now (process exit); returns how many there were."""
+    calls = open_calls()
+    for call in calls:
+        call.finish(reason)
+    return len(calls)
 
 
 class LlmCall:
@@ -97,7 +118,7 @@ class LlmCall:
         "sink", "route", "request", "t0", "epoch0", "t_end", "_marks", "peer", "tls",
         "http_version", "status", "response_headers", "content_type", "decoder", "scanner", "times",
         "chunks", "pending", "body", "body_overflow", "captured", "end_reason", "exception", "_lock",
-        "_done", "__weakref__",
+        "_done", "state", "__weakref__",
     )
 
     def __init__(self, sink: CallSink, route: Route, request: CallRequest) -> None:
@@ -125,12 +146,14 @@ class LlmCall:
         self.exception: BaseException | None = None
         self._lock = threading.Lock()
         self._done = False
+        self.state: object = None  # the sink's, from call_started
 
     @classmethod
     def open(cls, sink: CallSink, route: Route, request: CallRequest) -> LlmCall:
         """Start recording a model call (``route`` from ``sink.route``)."""
         call = cls(sink, route, request)
-        sink.call_started(call)
+        call.state = sink.call_started(call)
+        _open[id(call)] = call
         return call
 
     @property
@@ -264,9 +287,11 @@ class LlmCall:
             self.t_end = at_ns or perf_ns()
             self.end_reason = reason
             self.exception = exc
+            _open.pop(id(self), None)
             if self.chunks:
                 self.fold()
-            self.sink.call_finished(self.record())
+            state, self.state = self.state, None
+            self.sink.call_finished(self.record(), state)
         except Exception:
             log_once("finishing a model call failed")
         finally:

@@ -24,9 +24,10 @@ from wrapt import register_post_import_hook, wrap_function_wrapper
 
 from otel_llm._log import log_once, logger
 from otel_llm.capture import aiohttp, httpcore, urllib3
-from otel_llm.capture.hooks import ClassAttribute, Patch, SinkGetter, Stack
+from otel_llm.capture.call import end_open_calls
+from otel_llm.capture.hooks import ClassAttribute, Patch, SinkGetter, Stack, flush_collected
 
-__all__ = ["STACKS", "activate", "deactivate", "patched_stacks"]
+__all__ = ["STACKS", "activate", "deactivate", "end_calls", "patched_stacks"]
 
 STACKS: tuple[Stack, ...] = (*httpcore.STACKS, *aiohttp.STACKS, *urllib3.STACKS)
 # module name -> the stacks whose patching its import may complete
@@ -157,6 +158,14 @@ def deactivate() -> None:
                 setattr(owner, name, previous)
         _replaced.clear()
         _installed.clear()
+
+
+def end_calls(timeout: float = 1.0) -> int:
+    """End every call still open (at process exit), so that its spans are exported too: first the
+    ones whose response was garbage-collected (queued for the reaper, waited for up to
+    ``timeout`` seconds), then the others. Returns how many were still open."""
+    flush_collected(timeout)
+    return end_open_calls()
 
 
 def patched_stacks() -> frozenset[str]:

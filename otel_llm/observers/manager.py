@@ -24,6 +24,7 @@ from otel_llm import semconv as sc
 from otel_llm._log import log_once
 from otel_llm._types import Attributes
 from otel_llm.observers.activity import IDLE_AFTER, Activity
+from otel_llm.observers.evidence import CallEnd, CallStart, Server
 from otel_llm.observers.poll_policy import POLL_LOCAL
 from otel_llm.observers.registry import ServerRegistry
 from otel_llm.parse.runtimes import ModelInfo
@@ -135,6 +136,38 @@ class Observers:
         sampler.start()
         self._stoppable.append(sampler)
         return sampler
+
+    # -- the Evidence protocol (observers.evidence): what the sink of model calls asks ------------
+    def call_started(self, server: Server, runtime: str | None, scheme: str) -> CallStart:
+        host, port = server
+        self.activity.touch()
+        self.registry.note(host, port, runtime, scheme)
+        restart = None
+        if self.pending_restarts:  # almost always empty: one attribute load and a truth test
+            restart = self.take_restart(host, port)
+        return CallStart(self.runtime_at_start(host, port), restart)
+
+    def call_ended(self, server: Server, start_ns: int, end_ns: int, model: str | None) -> CallEnd:
+        window = model_attrs = _NO_ATTRIBUTES
+        try:
+            window = self.call_attributes(start_ns, end_ns)
+        except Exception:
+            log_once("reading the host evidence of a call failed")
+        try:
+            model_attrs = self.model_attributes(*server, model)
+        except Exception:
+            log_once("reading the runtime's model metadata failed")
+        return CallEnd(window, model_attrs)
+
+    def runtime_at(self, server: Server) -> str | None:
+        try:
+            return self.runtime_of(*server)
+        except Exception:
+            log_once("reading the recognized runtime failed")
+            return None
+
+    def watch(self, server: Server, runtime: str | None, scheme: str) -> None:
+        self.registry.note(server[0], server[1], runtime, scheme)
 
     # -- per call --------------------------------------------------------------------------------
     def runtime_at_start(self, host: str, port: int) -> dict[str, int]:

@@ -17,7 +17,6 @@ restart noticed before the call started is the one use), stamped with the call's
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
@@ -29,8 +28,11 @@ from otel_llm._types import AttributeMap, Attributes
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import Tracer as SdkTracer
 
-    from otel_llm.telemetry.phases import Phase
     from otel_llm.capture.record import Timeline
+    from otel_llm.telemetry.build import CallResult
+    from otel_llm.telemetry.phases import Phase
+
+__all__ = ["ApiSpanSink", "CallSpan", "PhaseAttributes", "SdkSpanSink", "SpanEvent", "make_sink"]
 
 PhaseAttributes = AttributeMap | None
 SpanEvent = tuple[str, AttributeMap]  # (name, attributes), at the call's start
@@ -103,21 +105,21 @@ class SdkSpanSink:
             instrumentation_scope=self._scope,
         ))
 
-    def finish(self, timeline: Timeline, span: CallSpan, error: str | None,
-               phases: Sequence[Phase], phase_attributes: Sequence[PhaseAttributes]) -> None:
+    def finish(self, timeline: Timeline, span: CallSpan, result: CallResult) -> None:
         if not span.recording:
             return
+        error = result.error
         context = span.context
         shift = timeline.epoch - timeline.start  # perf-counter ns to epoch ns (Timeline.to_epoch)
         trace_id, flags, state = context.trace_id, context.trace_flags, context.trace_state
         new_id = self._ids.generate_span_id
-        for phase, attributes in zip(phases, phase_attributes):
+        for phase, attributes in zip(result.children, result.child_attributes):
             child = SpanContext(trace_id, new_id(), False, flags, state)
             self.emit(phase.name, child, context, SpanKind.INTERNAL, attributes, phase.start_ns + shift,
                       phase.end_ns + shift, _ERROR if (error and not phase.complete) else _UNSET)
-        events = () if span.events is None else tuple(
-            self._event(name, attributes, timeline.epoch) for name, attributes in span.events)
-        self.emit(span.name, context, span.parent, SpanKind.CLIENT, span.attributes, timeline.epoch,
+        events = () if result.events is None else tuple(
+            self._event(name, attributes, timeline.epoch) for name, attributes in result.events)
+        self.emit(span.name, context, span.parent, SpanKind.CLIENT, result.attributes, timeline.epoch,
                   timeline.end + shift, _call_status(error), events)
 
 
@@ -131,17 +133,17 @@ class ApiSpanSink:
         live = self._tracer.start_span(name, kind=SpanKind.CLIENT, attributes=attributes, start_time=start_time)
         return CallSpan(live.get_span_context(), None, live.is_recording(), name, attributes, live)
 
-    def finish(self, timeline: Timeline, span: CallSpan, error: str | None,
-               phases: Sequence[Phase], phase_attributes: Sequence[PhaseAttributes]) -> None:
+    def finish(self, timeline: Timeline, span: CallSpan, result: CallResult) -> None:
         live = span.live
         if not span.recording:
             live.end()
             return
-        live.set_attributes(span.attributes)
-        for name, attributes in span.events or ():
+        error = result.error
+        live.set_attributes(result.attributes)
+        for name, attributes in result.events or ():
             live.add_event(name, attributes, timestamp=timeline.epoch)
         context = trace.set_span_in_context(live)
-        for phase, child_attributes in zip(phases, phase_attributes):
+        for phase, child_attributes in zip(result.children, result.child_attributes):
             child = self._tracer.start_span(
                 phase.name, context=context, kind=SpanKind.INTERNAL,
                 start_time=timeline.to_epoch(phase.start_ns), attributes=child_attributes,

@@ -50,7 +50,7 @@ class FakeSink:
         self.started.append(call)
         call.request.headers[MARK] = "1"
 
-    def call_finished(self, record: CallRecord) -> None:
+    def call_finished(self, record: CallRecord, state: object = None) -> None:
         self.records.append(record)
 
     def one(self) -> CallRecord:

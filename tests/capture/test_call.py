@@ -43,7 +43,7 @@ class _Sink:
         self.started.append(call)
         call.request.headers["traceparent"] = "00-x"
 
-    def call_finished(self, record: CallRecord) -> None:
+    def call_finished(self, record: CallRecord, state: object = None) -> None:
         self.records.append(record)
         self.finished.append({"reason": record.end_reason, "exception": record.exception,
                               "t_end": record.timeline.end, "body": record.body})
@@ -311,7 +311,7 @@ def test_a_failing_sink_is_logged_and_the_call_stays_finished(caplog: pytest.Log
 
 def test_finish_from_inside_the_sink_does_not_deadlock_or_repeat() -> None:
     class Reentrant(_Sink):
-        def call_finished(self, record: CallRecord) -> None:
+        def call_finished(self, record: CallRecord, state: object = None) -> None:
             super().call_finished(record)
             self.started[-1].finish(END_GC)  # e.g. the response collected while the sink runs
 

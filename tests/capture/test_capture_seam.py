@@ -75,14 +75,20 @@ def test_the_sink_does_not_write_into_the_record(sim, otel: Otel, monkeypatch: p
     sink = current_telemetry()
     assert sink is not None
     seen: list[tuple[dict[str, Any], dict[str, Any]]] = []
-    original = type(sink).call_finished
+    original, original_start = type(sink).call_finished, type(sink).call_started
+    calls: dict[int, LlmCall] = {}
 
-    def checked(self: Any, record: CallRecord) -> None:
-        call = self.live[record.key][0]
+    def started(self: Any, call: LlmCall) -> object:
+        calls[call.key] = call
+        return original_start(self, call)
+
+    def checked(self: Any, record: CallRecord, state: object) -> None:
+        call = calls[record.key]
         before = {**_record(call), "record": _snapshot(record._replace(request=None))}
-        original(self, record)
+        original(self, record, state)
         seen.append((before, {**_record(call), "record": _snapshot(record._replace(request=None))}))
 
+    monkeypatch.setattr(type(sink), "call_started", started)
     monkeypatch.setattr(type(sink), "call_finished", checked)
     httpx.post(f"{sim.base_url}/api/chat", json={**CHAT, "stream": stream}, timeout=10)
     assert len(seen) == 1

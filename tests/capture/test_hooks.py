@@ -32,7 +32,7 @@ class _Sink:
     def call_started(self, call: LlmCall) -> None:
         pass
 
-    def call_finished(self, record: CallRecord) -> None:
+    def call_finished(self, record: CallRecord, state: object = None) -> None:
         self.finished.append((record.end_reason, record.timeline.end))
 
 

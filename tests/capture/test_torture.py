@@ -118,6 +118,7 @@ def _exporter_down_child(sim_url: str, endpoint: str, calls: int, trace_memory: 
 
     from otel_llm import _core
     from otel_llm.instrumentor import current_telemetry
+    from otel_llm.capture.call import open_calls
 
     def emit(**fields: Any) -> None:
         print(json.dumps(fields), flush=True)
@@ -173,7 +174,7 @@ def _exporter_down_child(sim_url: str, endpoint: str, calls: int, trace_memory: 
     emit(phase="calls", description=providers.description, baseline=baseline, down=down,
          exceptions=len(exceptions), first_exception=exceptions[:1], mismatched=mismatched,
          queue_max=queue_max, max_queue_size=batch._max_queue_size, batch_size=batch._max_export_batch_size,
-         memory=memory, peak=peak, live=len(telemetry.live), in_flight=sum(telemetry.in_flight.by_server.values()))
+         memory=memory, peak=peak, live=len(open_calls()), in_flight=sum(telemetry.in_flight.by_server.values()))
     if measure_uninstrument:
         start = perf()
         otel_llm.uninstrument()
@@ -687,6 +688,7 @@ def test_chaos_every_call_ends_exactly_once(sim: Any) -> None:
     there is. Every model call that reached the transport has exactly one call span, with the end
     reason and error type the application saw; no context leaks; no state left behind."""
     from otel_llm.instrumentor import current_telemetry
+    from otel_llm.capture.call import open_calls
 
     assert not otel_llm.is_instrumented()
     reset_log_once()
@@ -763,7 +765,7 @@ def test_chaos_every_call_ends_exactly_once(sim: Any) -> None:
     assert sum(durations) == started
     # nothing left behind
     assert telemetry is not None
-    assert telemetry.live == {}
+    assert open_calls() == []
     assert all(count == 0 for count in telemetry.in_flight.by_server.values()), telemetry.in_flight.by_server
     assert telemetry.in_flight._bodies == {} and telemetry.in_flight._unloaded == set()
     _settle(lambda: not _census() - census_before, 2.0)

@@ -419,6 +419,7 @@ def test_adapters_leave_nothing_behind(sim) -> None:
     from otel_llm.capture import aiohttp as aiohttp_adapter
     from otel_llm.capture import urllib3 as urllib3_adapter
     from otel_llm.instrumentor import current_telemetry
+    from otel_llm.capture.call import open_calls
 
     state = make_otel()
     otel_llm.instrument(tracer_provider=state.tracer_provider, meter_provider=state.meter_provider,
@@ -453,7 +454,7 @@ def test_adapters_leave_nothing_behind(sim) -> None:
         flush_collected()
         telemetry = current_telemetry()
         assert telemetry is not None
-        assert len(telemetry.live) == 0
+        assert len(open_calls()) == 0
         assert not aiohttp_adapter._READERS and not list(aiohttp_adapter._RESPONSES.keys())
         assert not [o for o in gc.get_objects() if isinstance(o, urllib3.HTTPResponse)
                     and urllib3_adapter._CALL in vars(o)]

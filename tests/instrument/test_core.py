@@ -13,7 +13,7 @@ import pytest
 from otel_llm import _core
 from otel_llm import semconv as sc
 from otel_llm._log import reset_log_once
-from otel_llm.capture.call import END_EXIT, CallRequest, LlmCall
+from otel_llm.capture.call import END_EXIT, CallRequest, LlmCall, open_calls
 from otel_llm.parse import routes
 from otel_llm.telemetry.calls import Telemetry
 from tests.conftest import Otel, make_otel
@@ -60,7 +60,7 @@ def test_current_telemetry_follows_the_session(state: Otel) -> None:
 def test_the_session_starts_no_observers_when_all_are_off(state: Otel) -> None:
     _instrument(state)
     assert _core._session is not None and _core._session.observers is None
-    assert _core.current_telemetry().observers is None  # type: ignore[union-attr]
+    assert _core.current_telemetry().evidence is None  # type: ignore[union-attr]
 
 
 def test_only_one_of_concurrent_instrument_calls_starts_the_session(state: Otel) -> None:
@@ -101,7 +101,7 @@ def test_the_exit_handler_ends_calls_still_open(state: Otel) -> None:
     call = LlmCall.open(telemetry, CHAT, request)
     assert state.calls() == []
     _core._at_exit()
-    assert call.finished and telemetry.live == {}
+    assert call.finished and call not in open_calls()
     span, _ = state.one_call()
     assert span.attributes[sc.LLM_CLIENT_END_REASON] == END_EXIT
     _core._at_exit()  # a second run (or one after uninstrument) finds nothing left to end

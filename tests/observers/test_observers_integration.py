@@ -143,13 +143,13 @@ def test_a_watched_server_is_recognized_before_any_call(server: LlamaServer, obs
     from otel_llm.instrumentor import current_telemetry
 
     telemetry = current_telemetry()
-    assert telemetry is not None and telemetry.observers is not None
+    assert telemetry is not None and telemetry.evidence is not None
     telemetry.watch("not a url")  # ignored, never raises
     telemetry.watch(f"{server.base_url}/v1")
     deadline = time.monotonic() + 10
-    while telemetry.observers.runtime_of("127.0.0.1", server.port) is None and time.monotonic() < deadline:
+    while telemetry.evidence.runtime_of("127.0.0.1", server.port) is None and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert telemetry.observers.runtime_of("127.0.0.1", server.port) == "llama.cpp"
+    assert telemetry.evidence.runtime_of("127.0.0.1", server.port) == "llama.cpp"
     assert observed.calls() == []
 
 
@@ -167,8 +167,8 @@ def test_calls_carry_the_served_model_and_their_context_pressure(observed: Otel)
         _ask(small, 4)  # noted by the observers; /props is read at the next poll
         deadline = time.monotonic() + 10
         telemetry = otel_llm.instrumentor.current_telemetry()
-        assert telemetry is not None and telemetry.observers is not None
-        while not telemetry.observers.model_attributes("127.0.0.1", small.port) and time.monotonic() < deadline:
+        assert telemetry is not None and telemetry.evidence is not None
+        while not telemetry.evidence.model_attributes("127.0.0.1", small.port) and time.monotonic() < deadline:
             time.sleep(0.05)
         _ask(small, 8)
         _ask(small, 215)
@@ -202,9 +202,9 @@ def test_ollama_partial_offload_and_context_on_the_call(sim, tmp_path) -> None:
         client = ollama.Client(host=sim.base_url)
         client.chat(model="sim-model", messages=[{"role": "user", "content": "hi"}])  # loads it
         telemetry = otel_llm.instrumentor.current_telemetry()
-        assert telemetry is not None and telemetry.observers is not None
+        assert telemetry is not None and telemetry.evidence is not None
         deadline = time.monotonic() + 10
-        while not telemetry.observers.model_attributes("127.0.0.1", sim.port, "sim-model") \
+        while not telemetry.evidence.model_attributes("127.0.0.1", sim.port, "sim-model") \
                 and time.monotonic() < deadline:
             time.sleep(0.05)
         client.chat(model="sim-model", messages=[{"role": "user", "content": "hi"}])
@@ -240,9 +240,9 @@ def test_lmstudio_models_listing_on_the_call(sim) -> None:
         with httpx.Client(base_url=sim.base_url) as client:
             client.post("/api/v0/chat/completions", json=body).raise_for_status()
             telemetry = otel_llm.instrumentor.current_telemetry()
-            assert telemetry is not None and telemetry.observers is not None
+            assert telemetry is not None and telemetry.evidence is not None
             deadline = time.monotonic() + 15
-            while not telemetry.observers.model_attributes("127.0.0.1", sim.port) and time.monotonic() < deadline:
+            while not telemetry.evidence.model_attributes("127.0.0.1", sim.port) and time.monotonic() < deadline:
                 time.sleep(0.05)
             client.post("/api/v0/chat/completions", json=body).raise_for_status()
     finally:
@@ -276,9 +276,9 @@ def test_model_of_a_server_started_without_metrics(observed: Otel, monkeypatch: 
         context = props["default_generation_settings"]["n_ctx"]  # what the server itself reports
         _ask(small, 4)  # noted by the observers (identified from /proc); /props is read at the next poll
         telemetry = current_telemetry()
-        assert telemetry is not None and telemetry.observers is not None
+        assert telemetry is not None and telemetry.evidence is not None
         deadline = time.monotonic() + 30
-        while not telemetry.observers.model_attributes("127.0.0.1", small.port) and time.monotonic() < deadline:
+        while not telemetry.evidence.model_attributes("127.0.0.1", small.port) and time.monotonic() < deadline:
             time.sleep(0.05)
         _ask(small, 8)
         _ask(small, 215)

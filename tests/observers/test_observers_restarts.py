@@ -77,8 +77,8 @@ def test_a_killed_and_restarted_llamacpp_server(caplog: pytest.LogCaptureFixture
                         sample_interval=3600, gpu_metrics=False, runtime_metrics=False)
     try:
         telemetry = current_telemetry()
-        assert telemetry is not None and telemetry.observers is not None
-        observers = telemetry.observers
+        assert telemetry is not None and telemetry.evidence is not None
+        observers = telemetry.evidence
         _chat(first.base_url)  # the server is now known to the observers
         observers.sampler.sample_now()  # its process is followed from here
         old = first.pid

@@ -408,11 +408,11 @@ def test_calls_carry_the_model_of_a_server_without_state_route(fake: FakeRuntime
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
     try:
         telemetry = current_telemetry()
-        assert telemetry is not None and telemetry.observers is not None
+        assert telemetry is not None and telemetry.evidence is not None
         with httpx.Client(timeout=10) as client:
             client.post(url, json=body).raise_for_status()
             deadline = time.monotonic() + 20
-            while not telemetry.observers.model_attributes(LOOPBACK, fake.port) and time.monotonic() < deadline:
+            while not telemetry.evidence.model_attributes(LOOPBACK, fake.port) and time.monotonic() < deadline:
                 time.sleep(0.05)
             client.post(url, json=body).raise_for_status()
             deadline = time.monotonic() + 20  # a few more polls of /metrics (0.2, 0.4 s apart...)

@@ -18,6 +18,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from otel_llm import semconv as sc
 from otel_llm._log import reset_log_once
+from otel_llm.capture import call as capture_call
 from otel_llm.capture.call import LlmCall
 from otel_llm.capture.record import (
     END_CANCELLED, END_CLOSED, END_EOF, END_ERROR, END_EXIT, CallRecord, CallRequest, Timeline, TlsInfo,
@@ -86,7 +87,10 @@ class Sink:
             http_version="HTTP/1.1", status=200, response_headers=SSE_HEADERS, stream=STATS, body=None,
             captured=None, end_reason=END_EOF, exception=None)
         values.update(fields)
-        self.telemetry.call_finished(CallRecord(**values))
+        # what LlmCall.finish does, with a hand-built record
+        capture_call._open.pop(call.key, None)
+        state, call.state = call.state, None
+        call.sink.call_finished(CallRecord(**values), state)
 
     def call(self, **fields: Any) -> tuple[ReadableSpan, list[ReadableSpan]]:
         """One call opened and finished; its call span and phase spans."""
@@ -313,28 +317,33 @@ def test_credentials_the_server_quotes_back_are_scrubbed(sink: Sink) -> None:
 # --- what Telemetry keeps between start and finish -------------------------------------------------
 
 
-def test_a_record_whose_start_was_never_seen_is_ignored(sink: Sink) -> None:
+def test_a_record_without_the_state_its_start_returned_is_ignored(sink: Sink) -> None:
     call = sink.open()
-    sink.finish(call, key=call.key + 1)
-    assert sink.otel.spans() == [] and call.key in sink.telemetry.live
+    state = call.state
+    sink.telemetry.call_finished(call.record(), None)  # not a call this sink started
+    sink.telemetry.call_finished(call.record(), object())
+    assert sink.otel.spans() == []
+    assert sink.telemetry.in_flight.by_server == {(HOST, PORT): 1}
+    call.state = state
     sink.finish(call)
-    sink.finish(call)  # handed over twice: emitted once
-    assert len(sink.otel.calls()) == 1 and sink.telemetry.live == {}
+    sink.finish(call)  # handed over twice: the state went with the first
+    assert len(sink.otel.calls()) == 1
     assert sink.telemetry.in_flight.by_server == {(HOST, PORT): 0}
 
 
-def test_finish_live_calls_ends_the_open_calls(sink: Sink) -> None:
-    done = sink.open()
-    sink.finish(done)
-    first, second = sink.open(), sink.open()
-    assert set(sink.telemetry.live) == {first.key, second.key}
+def test_open_calls_are_captures_and_end_at_exit(sink: Sink) -> None:
+    done = LlmCall.open(sink.telemetry, CHAT, _request())
+    done.finish(END_EOF)
+    first = LlmCall.open(sink.telemetry, CHAT, _request())
+    second = LlmCall.open(sink.telemetry, CHAT, _request())
+    assert {first, second} <= set(capture_call.open_calls()) and done not in capture_call.open_calls()
     sink.otel.clear()
-    sink.telemetry.finish_live_calls()
-    assert first.finished and second.finished and sink.telemetry.live == {}
+    assert capture_call.end_open_calls() >= 2
+    assert first.finished and second.finished and first not in capture_call.open_calls()
     calls = sink.otel.calls()
     assert len(calls) == 2
     assert {c.attributes[sc.LLM_CLIENT_END_REASON] for c in calls} == {END_EXIT}
-    sink.telemetry.finish_live_calls()  # nothing left to end
+    assert capture_call.end_open_calls() == 0  # nothing left to end
     assert len(sink.otel.calls()) == 2
 
 
@@ -438,10 +447,15 @@ def test_a_gateway_marks_relayed_only_the_calls_whose_caller_recorded_them(sink:
     says its caller recorded it (otel_llm.recorded=1), on the span and every metric record; a call
     from a caller that records nothing is not: the gateway's record is its only one. Either way
     the call sends the mark on, since this process records it."""
-    sink.telemetry.relaying()
+    relay = sink.telemetry.relaying_sink()
     recorded: dict[str, Any] = {"baggage": "tenant=acme,otel_llm.recorded=1"}
     plain: dict[str, Any] = {"baggage": "tenant=acme"}
-    marked_call, other_call = sink.open(_request(headers=recorded)), sink.open(_request(headers=plain))
+    marked_call = LlmCall.open(relay, CHAT, _request(headers=recorded))
+    other_call = LlmCall.open(relay, CHAT, _request(headers=plain))
+    own_call = sink.open(_request(headers=dict(recorded)))  # the session's own sink never marks
+    assert sc.LLM_GATEWAY_RELAYED not in own_call.state.span.attributes
+    sink.finish(own_call)
+    sink.otel.clear()
     active = {tuple(sorted(p.attributes.items())): p.value for p in sink.otel.metrics()[sc.METRIC_ACTIVE_REQUESTS]}
     server = ((sc.SERVER_ADDRESS, HOST), (sc.SERVER_PORT, PORT))
     assert active == {server: 1, tuple(sorted(server + ((sc.LLM_GATEWAY_RELAYED, True),))): 1}

@@ -19,7 +19,8 @@ from opentelemetry.util.types import Attributes
 from otel_llm import semconv as sc
 from otel_llm.capture.record import Timeline
 from otel_llm.telemetry.phases import Phase
-from otel_llm.telemetry.spans import ApiSpanSink, SdkSpanSink, make_sink
+from otel_llm.telemetry.build import CallResult
+from otel_llm.telemetry.spans import ApiSpanSink, CallSpan, SdkSpanSink, make_sink
 
 MS = 1_000_000
 T0 = 3_000 * MS  # perf-counter start of the call
@@ -29,6 +30,12 @@ TIMELINE = Timeline(T0, EPOCH, T0 + 100 * MS, upload_start=T0, body_sent=T0 + 2 
 PHASES = [Phase(sc.SPAN_UPLOAD, T0, T0 + 2 * MS, True), Phase(sc.SPAN_SERVER_WAIT, T0 + 2 * MS, T0 + 100 * MS, False)]
 PHASE_ATTRIBUTES: list[dict[str, Any] | None] = [{"phase.n": 1}, None]
 SINKS = [SdkSpanSink, ApiSpanSink]
+
+
+def _result(span: CallSpan, error: str | None, phases: list[Phase], attributes: list[Any]) -> CallResult:
+    """What build_call would hand the sink for these children (the emitters read nothing else)."""
+    return CallResult(span.attributes, span.events, error, list(phases), list(phases), list(attributes),
+                      0.0, None, None)
 
 
 class Collect(SpanProcessor):
@@ -60,7 +67,7 @@ def _emit(sink_type: type, error: str | None, timeline: Timeline = TIMELINE, pha
     sink = sink_type(provider.get_tracer("test-scope", "1.2"))
     span = sink.start("chat m", {"call.n": 1}, timeline.epoch)
     span.attributes["late"] = "added before finish"  # Telemetry adds the end attributes here
-    sink.finish(timeline, span, error, phases, phase_attributes)
+    sink.finish(timeline, span, _result(span, error, phases, phase_attributes))
     return list(exporter.get_finished_spans())
 
 
@@ -121,7 +128,7 @@ def test_the_call_span_is_a_child_of_the_current_span(sink_type: type) -> None:
     with tracer.start_as_current_span("app") as app:
         span = sink.start("chat m", {}, TIMELINE.epoch)
     assert span.context.trace_id == app.get_span_context().trace_id
-    sink.finish(TIMELINE, span, None, [], [])
+    sink.finish(TIMELINE, span, _result(span, None, [], []))
     (call,) = [s for s in exporter.get_finished_spans() if s.name == "chat m"]
     assert call.parent is not None and call.parent.span_id == app.get_span_context().span_id
 
@@ -133,7 +140,7 @@ def test_a_sampled_out_call_emits_nothing(sink_type: type) -> None:
     span = sink.start("chat m", {"call.n": 1}, TIMELINE.epoch)
     assert not span.recording and not span.context.trace_flags.sampled
     assert span.context.is_valid  # still a trace context to propagate
-    sink.finish(TIMELINE, span, "boom", PHASES, PHASE_ATTRIBUTES)
+    sink.finish(TIMELINE, span, _result(span, "boom", PHASES, PHASE_ATTRIBUTES))
     assert exporter.get_finished_spans() == () and collect.ended == []
 
 
@@ -164,7 +171,7 @@ def test_sampler_attributes_are_merged_into_the_call_span(sink_type: type) -> No
     assert sampler.asked == [("chat m", SpanKind.CLIENT, {"call.n": 1})]
     assert given == {"call.n": 1}  # the caller's dict is not written into
     assert span.context.trace_state.get("vendor") == "v1"
-    sink.finish(TIMELINE, span, None, PHASES, PHASE_ATTRIBUTES)
+    sink.finish(TIMELINE, span, _result(span, None, PHASES, PHASE_ATTRIBUTES))
     spans = list(exporter.get_finished_spans())
     (call,) = [s for s in spans if s.name == "chat m"]
     assert dict(call.attributes or {}) == {"call.n": 1, "sampler.rule": "keep"}
@@ -182,7 +189,7 @@ def test_record_only_reaches_the_processors_but_not_a_sampled_exporter(sink_type
     sink = sink_type(provider.get_tracer("test-scope"))
     span = sink.start("chat m", {}, TIMELINE.epoch)
     assert span.recording and not span.context.trace_flags.sampled
-    sink.finish(TIMELINE, span, None, PHASES, PHASE_ATTRIBUTES)
+    sink.finish(TIMELINE, span, _result(span, None, PHASES, PHASE_ATTRIBUTES))
     assert sorted(s.name for s in collect.ended) == sorted(["chat m"] + [p.name for p in PHASES])
     assert exporter.get_finished_spans() == ()  # SimpleSpanProcessor exports sampled spans only
 
@@ -226,5 +233,5 @@ def test_make_sink_picks_the_api_sink_for_a_disabled_sdk_tracer() -> None:
     sink = make_sink(tracer)
     assert isinstance(sink, ApiSpanSink)
     span = sink.start("chat m", {}, TIMELINE.epoch)
-    sink.finish(TIMELINE, span, None, PHASES, PHASE_ATTRIBUTES)
+    sink.finish(TIMELINE, span, _result(span, None, PHASES, PHASE_ATTRIBUTES))
     assert not span.recording and exporter.get_finished_spans() == () and collect.ended == []

@@ -388,10 +388,10 @@ async def _cancel(tasks: list[asyncio.Future[None]]) -> None:
 
 def _tracer() -> trace.Tracer:
     """otel_llm's own tracer while it is instrumented (the calls' providers), else the global one."""
-    from otel_llm.instrumentor import current_telemetry
+    from otel_llm.session import current_session
 
-    telemetry = current_telemetry()
-    return telemetry.tracer if telemetry is not None else trace.get_tracer("otel_llm.bench")
+    session = current_session()
+    return session.tracer() if session is not None else trace.get_tracer("otel_llm.bench")
 
 
 def run_level(level: Level, workload: Workload, headers: Mapping[str, str] | None = None, *, seed: int = 0,

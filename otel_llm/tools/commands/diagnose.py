@@ -96,26 +96,32 @@ def run(args: argparse.Namespace) -> int:
     settings = _settings(args)
     headers = auth.headers
 
-    from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from otel_llm.config import DEFAULT_TRACES_FILE, ENV_VARS
-    from otel_llm.export.jsonl import JsonLinesSpanExporter
+    from otel_llm.session import current_session
 
-    traces_file = os.environ.get(ENV_VARS["traces_file"]) or DEFAULT_TRACES_FILE
-    exporter = InMemorySpanExporter()
-    tracer_provider = TracerProvider()
-    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracer_provider.add_span_processor(BatchSpanProcessor(JsonLinesSpanExporter(traces_file)))
-    meter_provider = MeterProvider()
     # what each target is, from side-effect-free routes; a runtime proven there (vLLM, whose
     # answers do not say) is named to the instrumentation, so every trial carries it
     detections = {url: detect(url, headers, model=args.model) for url in args.urls}
     runtimes = {server_root(url): d.runtime for url, d in detections.items() if d.runtime}
-    otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider, console_summary=False,
-                        host_metrics=False, gpu_metrics=False, runtime_metrics=False, runtimes=runtimes)
+    # the session's providers, as any instrumented application gets them (the traces file, or
+    # OTLP where configured); the trials read their spans back from memory too
+    otel_llm.instrument(console_summary=False, host_metrics=False, gpu_metrics=False, runtime_metrics=False,
+                        runtimes=runtimes)
+    session = current_session()
+    tracer_provider = session.tracer_provider if session is not None else None
+    if session is None or not isinstance(tracer_provider, TracerProvider):
+        otel_llm.uninstrument()
+        print("otel-llm diagnose: needs the OpenTelemetry SDK's tracer provider (another one is set globally)",
+              file=sys.stderr)
+        return 2
+    exporter = InMemorySpanExporter()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    traces_file = session.options.traces_file
+    traced_to = session.providers.description if "OTLP" in session.providers.description else \
+        os.path.abspath(traces_file)
     started = time.perf_counter()
     results: list[TargetResult] = []
     found: list[list[Verdict]] = []
@@ -139,16 +145,14 @@ def run(args: argparse.Namespace) -> int:
             say("")
         _add_network_path(results, found, say, redact)
     finally:
-        otel_llm.uninstrument()
-        tracer_provider.shutdown()
-        meter_provider.shutdown()
+        otel_llm.uninstrument()  # flushes and shuts down the session's providers
     elapsed = time.perf_counter() - started
     say("summary (warm median [min-max]):")
     for line in report.summary_table(results):
         say(redact(line))
     say("")
     say("primary verdicts: " + ", ".join(f"{r.url} -> {v[0].code}" for r, v in zip(results, found)))
-    say(f"done in {elapsed:.1f} s; trials traced to {os.path.abspath(traces_file)}")
+    say(f"done in {elapsed:.1f} s; trials traced to {traced_to}")
     if args.json or args.html:
         config: dict[str, Any] = {
             "model": args.model, "api": args.api, "urls": list(args.urls), "trials": settings["trials"],

@@ -31,6 +31,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from otel_llm._log import log_once
+from otel_llm.capture.call import CallSink
 from otel_llm.tools.gateway.auth import Denied, KeyStore, check_model, check_path, check_route, credentials
 from otel_llm.tools.gateway.settings import PROXY, GatewayConfig, KeyPolicy
 from otel_llm.tools.gateway.limits import Admission, KeyLimits, Rejected
@@ -57,8 +58,10 @@ class Gateway:
     """ASGI app: ``Gateway(config, telemetry)``; the upstream client lives from startup to shutdown."""
 
     def __init__(self, config: GatewayConfig, telemetry: GatewayTelemetry, upstream_key: str | None = None,
-                 on_shutdown: Sequence[Callable[[], None]] = ()) -> None:
+                 on_shutdown: Sequence[Callable[[], None]] = (),
+                 call_sink: Callable[[], CallSink | None] | None = None) -> None:
         self.config = config
+        self._call_sink = call_sink  # where the upstream's model calls are recorded
         self.on_shutdown = list(on_shutdown)
         self.telemetry = telemetry
         self.keys = KeyStore(config.keys)
@@ -101,7 +104,7 @@ class Gateway:
         # ride along with the next caller's requests.
         config = self.config
         return Upstream(config.upstream.rstrip("/"), max_idle=config.max_concurrency, connect_timeout=10.0,
-                        read_timeout=config.upstream_timeout)
+                        read_timeout=config.upstream_timeout, get_sink=self._call_sink)
 
     async def aclose(self) -> None:
         if self._client is not None:

@@ -10,12 +10,11 @@ from typing import Any
 
 import otel_llm
 from otel_llm.config import ENV_VARS as CORE_ENV_VARS
-from otel_llm.config import resolve
-from otel_llm.export.providers import build_providers
 from otel_llm.tools.gateway.app import MAX_HEADER_BYTES, Gateway
 from otel_llm.tools.gateway.settings import PROXY, ConfigError, GatewayConfig
 from otel_llm.tools.gateway.telemetry import GatewayTelemetry, access_logger
-from otel_llm.instrumentor import current_telemetry
+from otel_llm.capture.call import CallSink
+from otel_llm.session import current_session
 
 __all__ = ["build_app", "serve"]
 
@@ -46,16 +45,19 @@ def build_app(config: GatewayConfig, **instrument_options: Any) -> tuple[Gateway
     if not os.environ.get(CORE_ENV_VARS["console_summary"]) and not proxy:
         defaults["console_summary"] = False  # the access log already has one line per request
     options = {**defaults, **instrument_options}
-    providers = build_providers(resolve(options))
     runtimes = {config.upstream.rstrip("/"): config.runtime} if config.runtime else None
-    otel_llm.instrument(**{**options, "tracer_provider": providers.tracer_provider,
-                           "meter_provider": providers.meter_provider,
-                           **({"runtimes": runtimes} if runtimes else {})})
-    core = current_telemetry()
-    if core is not None:
-        if not proxy:
-            core.relaying()
-        core.watch(config.upstream)  # its runtime is recognized before the first request ends (vLLM)
+    otel_llm.instrument(**{**options, **({"runtimes": runtimes} if runtimes else {})})
+    session = current_session()
+    if session is None:  # instrument() always leaves a session; the type checker cannot know
+        raise RuntimeError("otel_llm.instrument() left no session")
+    session.watch(config.upstream)  # its runtime is recognized before the first request ends (vLLM)
+    call_sink = session.sink
+    if not proxy:
+        relay = session.relaying_sink()
+
+        def call_sink() -> CallSink | None:
+            return relay if session.active else None
+    providers = session.providers
     key = _upstream_key(config)
     holder: dict[str, Gateway] = {}
     telemetry = GatewayTelemetry(providers.tracer_provider, providers.meter_provider,
@@ -63,8 +65,8 @@ def build_app(config: GatewayConfig, **instrument_options: Any) -> tuple[Gateway
                                                config.access_log_backups),
                                  (lambda: holder["app"].admission.depth) if config.authenticates else None,
                                  user_agent=proxy)
-    app = holder["app"] = Gateway(config, telemetry, key,
-                                  on_shutdown=[otel_llm.uninstrument, providers.shutdown])
+    app = holder["app"] = Gateway(config, telemetry, key, on_shutdown=[otel_llm.uninstrument, providers.shutdown],
+                                  call_sink=call_sink)
     return app, providers
 
 

@@ -339,9 +339,7 @@ class Upstream:
             self._ssl.set_alpn_protocols(["http/1.1"])
         self._is_ip = is_ip(self.host)
         if get_sink is None:
-            from otel_llm.instrumentor import current_telemetry
-
-            get_sink = current_telemetry
+            get_sink = _session_sink
         self._get_sink: Callable[[], CallSink | None] = get_sink
 
     async def request(self, method: str, target: bytes, headers: list[tuple[str, str]], body: bytes) -> Response:
@@ -493,3 +491,10 @@ class Upstream:
             conn.active = False
             conn.close()
 
+
+def _session_sink() -> CallSink | None:
+    """The running session's sink (None: otel_llm is not instrumented)."""
+    from otel_llm.session import current_session
+
+    session = current_session()
+    return session.sink() if session is not None else None
