@@ -15,7 +15,9 @@ if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import TracerProvider
 
-__all__ = ["__version__", "instrument", "is_instrumented", "uninstrument"]
+    from otel_llm.session import Session
+
+__all__ = ["__version__", "current_session", "instrument", "is_instrumented", "uninstrument"]
 
 
 def instrument(
@@ -64,3 +66,11 @@ def is_instrumented() -> bool:
     from otel_llm import _core
 
     return _core.is_instrumented()
+
+
+def current_session() -> Session | None:
+    """The running instrumentation session (providers, observers, the sink of model calls), or
+    None when not instrumented; see ``otel_llm.session.Session``."""
+    from otel_llm import _core
+
+    return _core.current_session()

@@ -4,7 +4,7 @@ A :class:`Session` owns what a process's model calls are recorded with: the trac
 providers (``export.providers``, the one builder), the observers, the sink capture hands calls
 to (``telemetry.calls.Telemetry``) and capture's hooks, and it ends them in order. The tools
 (``otel-llm`` gateway, proxy, bench, diagnose) reach otel_llm through it:
-:func:`current_session`, its providers and tracer, :meth:`Session.relaying_sink` and
+``otel_llm.current_session()``, its providers and tracer, :meth:`Session.relaying_sink` and
 :meth:`Session.watch`.
 """
 
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from otel_llm.observers.manager import Observers
     from otel_llm.telemetry.calls import Telemetry
 
-__all__ = ["Session", "current_session"]
+__all__ = ["Session"]
 
 
 class Session:
@@ -91,13 +91,6 @@ class Session:
         if self.active:
             install.end_calls(1.0)
         self.providers.shutdown()
-
-
-def current_session() -> Session | None:
-    """The running session (None: not instrumented)."""
-    from otel_llm import _core
-
-    return _core.current_session()
 
 
 def _start_observers(options: Options, meter_provider: Any) -> Observers | None:

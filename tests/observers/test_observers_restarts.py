@@ -245,6 +245,7 @@ def test_a_failing_watch_never_raises(caplog: pytest.LogCaptureFixture) -> None:
 def test_the_call_span_carries_its_events(sdk: bool) -> None:
     from opentelemetry.sdk.trace import Tracer as SdkTracer
 
+    from otel_llm.telemetry.build import CallResult
     from otel_llm.telemetry.spans import ApiSpanSink, SdkSpanSink
 
     exporter = InMemorySpanExporter()
@@ -258,7 +259,7 @@ def test_the_call_span_carries_its_events(sdk: bool) -> None:
     marked = sink.start("chat m", {"a": 2}, timeline.epoch)
     marked.events = [(sc.EVENT_RUNTIME_RESTARTED, {sc.LLM_RUNTIME_PREVIOUS_PID: 7})]
     for span in (plain, marked):
-        sink.finish(timeline, span, None, [], [])
+        sink.finish(timeline, span, CallResult(span.attributes, span.events, None, [], [], [], 0.0, None, None))
     spans = {s.attributes["a"]: s for s in exporter.get_finished_spans()}
     assert spans[1].events == ()
     (event,) = spans[2].events

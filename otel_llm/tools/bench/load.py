@@ -388,7 +388,7 @@ async def _cancel(tasks: list[asyncio.Future[None]]) -> None:
 
 def _tracer() -> trace.Tracer:
     """otel_llm's own tracer while it is instrumented (the calls' providers), else the global one."""
-    from otel_llm.session import current_session
+    from otel_llm import current_session
 
     session = current_session()
     return session.tracer() if session is not None else trace.get_tracer("otel_llm.bench")

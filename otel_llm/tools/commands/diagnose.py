@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from otel_llm.session import current_session
+    from otel_llm import current_session
 
     # what each target is, from side-effect-free routes; a runtime proven there (vLLM, whose
     # answers do not say) is named to the instrumentation, so every trial carries it

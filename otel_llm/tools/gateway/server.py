@@ -14,7 +14,7 @@ from otel_llm.tools.gateway.app import MAX_HEADER_BYTES, Gateway
 from otel_llm.tools.gateway.settings import PROXY, ConfigError, GatewayConfig
 from otel_llm.tools.gateway.telemetry import GatewayTelemetry, access_logger
 from otel_llm.capture.call import CallSink
-from otel_llm.session import current_session
+from otel_llm import current_session
 
 __all__ = ["build_app", "serve"]
 

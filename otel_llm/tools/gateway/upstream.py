@@ -494,7 +494,7 @@ class Upstream:
 
 def _session_sink() -> CallSink | None:
     """The running session's sink (None: otel_llm is not instrumented)."""
-    from otel_llm.session import current_session
+    from otel_llm import current_session
 
     session = current_session()
     return session.sink() if session is not None else None
