@@ -14,7 +14,7 @@ from otel_llm.config import resolve
 from otel_llm.export.providers import build_providers
 from otel_llm.tools.gateway.app import MAX_HEADER_BYTES, Gateway
 from otel_llm.tools.gateway.settings import PROXY, ConfigError, GatewayConfig
-from otel_llm.tools.gateway.telemetry import GatewayTelemetry, access_logger
+from otel_llm.tools.gateway.server_telemetry import GatewayTelemetry, access_logger
 from otel_llm.instrumentor import current_telemetry
 
 __all__ = ["build_app", "serve"]
