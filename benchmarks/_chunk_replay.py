@@ -13,7 +13,7 @@ CONFIG is ``none`` or ``otel_llm`` (see ``_instrument``); WARMUP and RECORDING
 are JSON files the parent wrote: {"headers": [[name, value], ...], "chunks": [chunk, ...]},
 latin-1 text. Three warm-up streams of WARMUP (the same in every run, so that the difference of
 two runs is their measured streams alone), then the collector's heap is frozen (see
-``_instructions_peer.settle``), then STREAMS streams of RECORDING.
+``_peer_callgrind_run.settle``), then STREAMS streams of RECORDING.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _instructions_peer import settle  # noqa: E402
+from _peer_callgrind_run import settle  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 

@@ -17,7 +17,7 @@ MeterProvider, as in ``overhead.py``.
 
 ``--peers`` runs the workloads of ``peers.py`` instead (raw httpx and the openai client,
 non-streamed calls and streams, the async openai client for per chunk) for each configuration in
-its own virtualenv, and prints otel_llm's ratios to the cheaper peer (see ``_peer_instructions``).
+its own virtualenv, and prints otel_llm's ratios to the cheaper peer (see ``_peer_comparison``).
 
 ``--records`` counts what the OpenTelemetry SDK alone spends on one histogram record, by the
 number of attributes it carries and with an exemplar (recorded in a sampled span's context): the
@@ -294,9 +294,9 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.json).write_text(json.dumps(figures, indent=2))
         return 0
     if args.peers:
-        import _peer_instructions
+        import _peer_comparison
 
-        return _peer_instructions.main(args, _counts, valgrind, SOURCE, SHORT)
+        return _peer_comparison.main(args, _counts, valgrind, SOURCE, SHORT)
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     if not workloads or set(workloads) - {"call", "short", "long"}:
         parser.error("workloads must be among call, short, long")

@@ -39,7 +39,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from otel_llm.observers.host import HostObserver
 from otel_llm.observers.processes import RuntimeProcesses
 from otel_llm.observers.registry import ServerRegistry
-from otel_llm.observers.sampler import HostSampler
+from otel_llm.observers.host_samples import HostSampler
 
 EXPORT_INTERVAL = 60.0
 SAMPLER_INTERVAL = 1.0

@@ -17,6 +17,11 @@ if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import TracerProvider
 
+__all__ = [
+    "DEFAULT_TRACES_FILE", "ENV_SEMCONV_OPT_IN", "ENV_VARS", "GENAI_DEFAULT", "GENAI_DUP", "GENAI_LATEST", "Options",
+    "POLL_MODES", "genai_semconv", "resolve",
+]
+
 DEFAULT_TRACES_FILE = "otel-llm-traces.jsonl"
 PROTOCOLS = ("grpc", "http/protobuf")
 # which servers the runtime-state poller may send requests to (otel_llm.observers.poll_policy)

@@ -36,6 +36,8 @@ if TYPE_CHECKING:  # the SDK's classes are imported only when otel_llm builds it
 
     OwnedProvider = Union[SdkTracerProvider, SdkMeterProvider]
 
+__all__ = ["Providers", "build_providers", "metrics_exporters", "prometheus_address"]
+
 _OTLP_ENV = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 
 METRICS_EXPORTER_ENV = "OTEL_METRICS_EXPORTER"

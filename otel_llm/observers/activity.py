@@ -11,6 +11,8 @@ from __future__ import annotations
 import threading
 import time
 
+__all__ = ["Activity", "IDLE_AFTER"]
+
 IDLE_AFTER = 30.0
 
 

@@ -42,6 +42,8 @@ from otel_llm.semconv import (  # noqa: F401 - names callers import from here to
     PROCESS_PID,
 )
 
+__all__ = ["GpuObserver", "THROTTLE_REASONS"]
+
 # keys of sample()
 SAMPLE_GPU_UTILIZATION = "gpu.utilization"
 SAMPLE_GPU_MEMORY_USAGE = "gpu.memory.usage"

@@ -26,6 +26,8 @@ from otel_llm.semconv import (  # noqa: F401 - names callers import from here to
     PROCESS_PID, PROCESS_EXECUTABLE_NAME,
 )
 
+__all__ = ["HostObserver", "VMSTAT_PATH", "read_vmstat"]
+
 VMSTAT_PATH = "/proc/vmstat"
 # psutil cpu_times field -> cpu.mode value. guest/guest_nice are left out: Linux already counts
 # them in user/nice.

@@ -32,11 +32,11 @@ from otel_llm.version import __version__
 
 if TYPE_CHECKING:  # each observer's module is imported only when that observer starts
     from otel_llm.observers.gpu import GpuObserver
+    from otel_llm.observers.host_samples import HostSampler
     from otel_llm.observers.oom import OomWatch
     from otel_llm.observers.processes import RuntimeProcesses
     from otel_llm.observers.restarts import RestartWatch
     from otel_llm.observers.runtime_state import RuntimeStateObserver
-    from otel_llm.observers.sampler import HostSampler
 
 _T = TypeVar("_T")
 
@@ -125,7 +125,7 @@ class Observers:
 
     def _host(self, meter: Meter, interval: float) -> HostSampler:
         from otel_llm.observers.host import HostObserver
-        from otel_llm.observers.sampler import HostSampler
+        from otel_llm.observers.host_samples import HostSampler
 
         if self.processes is None:
             raise RuntimeError("the runtime process finder did not start")

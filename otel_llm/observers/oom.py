@@ -18,6 +18,8 @@ from otel_llm import semconv as sc
 from otel_llm._log import log_once, logger
 from otel_llm.observers.host import VMSTAT_PATH, read_vmstat
 
+__all__ = ["OomWatch", "Victim", "dmesg_victim", "oom_victim"]
+
 VMSTAT_OOM_KILL = "oom_kill"
 _VICTIM = re.compile(r"Out of memory: Killed process (\d+) \(([^)]*)\)")
 DMESG_TIMEOUT = 2.0

@@ -30,6 +30,8 @@ from otel_llm.config import POLL_MODES
 from otel_llm.observers.processes import Listener, _alive, listening_runtimes
 from otel_llm.observers.registry import Server
 
+__all__ = ["POLL_ALL", "POLL_CONFIGURED", "POLL_LOCAL", "PollPolicy"]
+
 POLL_CONFIGURED, POLL_LOCAL, POLL_ALL = POLL_MODES
 # A local port whose owner is not a known runtime is looked at again this often (a runtime may
 # start there later); the look reads /proc only, at most once per period for all such ports.

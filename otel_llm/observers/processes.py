@@ -21,6 +21,8 @@ from otel_llm.observers.registry import Server, ServerRegistry
 from otel_llm.observers.sockets import listeners
 from otel_llm.parse.runtimes import OBSERVED
 
+__all__ = ["Listener", "RuntimeProcesses", "listening_runtimes", "runtime_for_name"]
+
 RuntimeProcess = tuple[psutil.Process, str | None]
 
 # What identifies each runtime's processes is declared by its module (parse/runtimes/<rt>.py).

@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 from typing import NamedTuple
 
+__all__ = ["Server", "ServerRegistry"]
+
 
 class Server(NamedTuple):
     host: str

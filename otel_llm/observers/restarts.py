@@ -36,6 +36,8 @@ from otel_llm._types import Attributes
 from otel_llm.observers.processes import Listener, listening_runtimes
 from otel_llm.observers.registry import ServerRegistry
 
+__all__ = ["RESCAN", "RestartWatch", "listener_pid"]
+
 # A port where no visible process listens is read again at most this often (the listening
 # table costs milliseconds; a server that stays down should not cost them every second).
 RESCAN = 5.0

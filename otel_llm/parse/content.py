@@ -12,6 +12,8 @@ from typing import Any, Callable
 from otel_llm.parse import routes
 from otel_llm.parse.response import parse_sse_event
 
+__all__ = ["CAPTURE_BYTES", "MAX_TEXT_CHARS", "event_text", "stream_text"]
+
 CAPTURE_BYTES = 256 * 1024
 MAX_TEXT_CHARS = 65536
 

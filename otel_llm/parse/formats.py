@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 from otel_llm.parse import routes
 
+__all__ = ["NDJSON", "SSE", "StreamFormat", "is_stream_content_type", "stream_format"]
+
 SSE = "sse"
 NDJSON = "ndjson"
 

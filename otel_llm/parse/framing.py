@@ -16,6 +16,8 @@ from typing import NamedTuple
 
 from otel_llm.parse.formats import StreamFormat
 
+__all__ = ["BODY_LIMIT", "GROUP_NS", "HEAD_BYTES", "StreamScanner", "StreamStats", "TAIL_BYTES"]
+
 HEAD_BYTES = 16 * 1024
 TAIL_BYTES = 32 * 1024
 BODY_LIMIT = 8 * 1024 * 1024  # non-streamed bodies larger than this are not parsed

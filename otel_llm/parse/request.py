@@ -16,6 +16,8 @@ from typing import Any, TypeVar
 from otel_llm.parse import routes as r
 from otel_llm.parse.request_shape import RequestShape, request_shape
 
+__all__ = ["MAX_PARSE_BYTES", "RequestInfo", "parse_request"]
+
 MAX_PARSE_BYTES = 256 * 1024
 SCAN_WINDOW = 4 * 1024
 _INT64_MAX = 2**63 - 1

@@ -10,6 +10,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+__all__ = [
+    "API_ANTHROPIC_MESSAGES", "API_GENERIC", "API_LLAMACPP_COMPLETION", "API_LMSTUDIO_V1_CHAT", "API_OLLAMA_CHAT",
+    "API_OLLAMA_GENERATE", "API_OPENAI_CHAT", "API_OPENAI_COMPLETIONS", "API_OPENAI_RESPONSES", "API_TGI_GENERATE",
+    "API_TGI_GENERATE_STREAM", "OP_CHAT", "OP_GENERATE_CONTENT", "OP_TEXT_COMPLETION", "Route", "match_route",
+]
+
 API_OPENAI_CHAT = "openai.chat"
 API_OPENAI_COMPLETIONS = "openai.completions"
 API_OPENAI_RESPONSES = "openai.responses"

@@ -14,7 +14,7 @@ from otel_llm.observers.activity import Activity
 from otel_llm.observers.poll_policy import POLL_ALL, PollPolicy
 from otel_llm.observers.registry import ServerRegistry
 from otel_llm.observers.runtime_state import MAX_FAILURES, RuntimeStateObserver
-from otel_llm.observers.sampler import HostSampler
+from otel_llm.observers.host_samples import HostSampler
 
 from tests.observers.test_observers_runtime_state import LOOPBACK, FakeRuntime, _text, fake  # noqa: F401 (fixture)
 

@@ -31,7 +31,7 @@ from otel_llm._log import reset_log_once
 from otel_llm.observers.oom import OomWatch, dmesg_victim, oom_victim
 from otel_llm.observers.registry import ServerRegistry
 from otel_llm.observers.restarts import RESCAN, RestartWatch
-from otel_llm.observers.sampler import HostSampler
+from otel_llm.observers.host_samples import HostSampler
 from tests.conftest import make_otel
 
 LINUX = sys.platform.startswith("linux")

@@ -130,7 +130,7 @@ def test_every_metric_has_the_instrument_and_unit_the_code_creates() -> None:
     from otel_llm.telemetry.inflight import InFlight
     from otel_llm.config import GENAI_DUP
     from otel_llm.telemetry.metrics import call_metrics
-    from otel_llm.tools.gateway.telemetry import GatewayTelemetry
+    from otel_llm.tools.gateway.server_telemetry import GatewayTelemetry
 
     meter: Any = _Recorder()
     registry = ServerRegistry()

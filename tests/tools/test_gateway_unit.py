@@ -19,7 +19,7 @@ from otel_llm.tools.gateway.auth import Denied, KeyStore, check_model, check_pat
 from otel_llm.tools.gateway.settings import ENV_VARS, ConfigError, KeyPolicy, load_config
 from otel_llm.tools.gateway.keys import KEY_PREFIX, digest_key, format_hash, generate_key, match_key, parse_hash
 from otel_llm.tools.gateway.limits import Admission, KeyLimits, Rejected, TokenBucket
-from otel_llm.tools.gateway.proxy import request_headers, response_headers
+from otel_llm.tools.gateway.header_rules import request_headers, response_headers
 
 UPSTREAM = "http://127.0.0.1:11434"
 _KEY_RE = re.compile(r"olk_[A-Za-z0-9_-]{43}")
@@ -701,7 +701,7 @@ def test_request_headers_upstream_key_replaces_the_callers() -> None:
 def test_request_headers_replace_every_forwarding_claim_of_the_caller() -> None:
     """What a proxy would say (address, host, URL, method) is the gateway's to say: a caller's
     claims are dropped, in any case and with "_" for "-", and the gateway's own are set."""
-    from otel_llm.tools.gateway.proxy import FORWARDING
+    from otel_llm.tools.gateway.header_rules import FORWARDING
 
     claims = [(name, "6.6.6.6") for name in sorted(FORWARDING)]
     claims += [("X_Forwarded_For", "6.6.6.6"), ("x-real_ip", "6.6.6.6"), ("X-HTTP-Method-Override", "DELETE")]

@@ -27,7 +27,7 @@ from otel_llm import semconv as sc
 from otel_llm.tools.gateway.app import Gateway
 from otel_llm.tools.gateway.settings import GatewayConfig, KeyPolicy
 from otel_llm.tools.gateway.keys import digest_key, generate_key
-from otel_llm.tools.gateway.telemetry import GatewayTelemetry
+from otel_llm.tools.gateway.server_telemetry import GatewayTelemetry
 from otel_llm.tools.gateway.upstream import HIGH_WATER, Response, Upstream
 from otel_llm.instrumentor import current_telemetry
 from otel_llm.tools.sim import SimProcess

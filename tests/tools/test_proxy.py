@@ -28,7 +28,7 @@ from otel_llm import semconv as sc
 from otel_llm.export.jsonl import read_jsonl
 from otel_llm.tools.gateway.keys import format_hash, generate_key
 from otel_llm.tools.gateway.process import ProxyProcess
-from otel_llm.tools.gateway.proxy import request_headers
+from otel_llm.tools.gateway.header_rules import request_headers
 from otel_llm.tools.gateway.settings import PROXY, ConfigError, is_loopback, load_config
 from otel_llm.tools.sim import SimProcess
 from otel_llm.tools.view import render_calls

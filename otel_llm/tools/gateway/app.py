@@ -35,10 +35,10 @@ from otel_llm.capture.call import CallSink
 from otel_llm.tools.gateway.auth import Denied, KeyStore, check_model, check_path, check_route, credentials
 from otel_llm.tools.gateway.settings import PROXY, GatewayConfig, KeyPolicy
 from otel_llm.tools.gateway.limits import Admission, KeyLimits, Rejected
-from otel_llm.tools.gateway.proxy import request_headers, response_headers
+from otel_llm.tools.gateway.header_rules import request_headers, response_headers
 from otel_llm.tools.gateway.refusals import REFUSED_OUTCOMES, RefusalLimiter
 from otel_llm.tools.gateway.rewrite import with_stream_usage
-from otel_llm.tools.gateway.telemetry import Exchange, GatewayTelemetry
+from otel_llm.tools.gateway.server_telemetry import Exchange, GatewayTelemetry
 from otel_llm.tools.gateway.upstream import Response, Upstream
 
 __all__ = ["Gateway", "HEALTH_PATH"]

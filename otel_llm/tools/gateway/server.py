@@ -12,7 +12,7 @@ import otel_llm
 from otel_llm.config import ENV_VARS as CORE_ENV_VARS
 from otel_llm.tools.gateway.app import MAX_HEADER_BYTES, Gateway
 from otel_llm.tools.gateway.settings import PROXY, ConfigError, GatewayConfig
-from otel_llm.tools.gateway.telemetry import GatewayTelemetry, access_logger
+from otel_llm.tools.gateway.server_telemetry import GatewayTelemetry, access_logger
 from otel_llm.capture.call import CallSink
 from otel_llm import current_session
 

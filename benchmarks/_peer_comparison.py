@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-CHILD = HERE / "_instructions_peer.py"
+CHILD = HERE / "_peer_callgrind_run.py"
 CONFIGS = ("none", "httpx-official", "otel_llm", "sdk-floor", "openlit", "openllmetry")
 LOCAL = ("none", "httpx-official", "otel_llm", "sdk-floor")
 # sdk-floor makes no model call: its figure is what the SDK alone spends on otel_llm's spans and
-# records for one call (see _instructions_peer.py), not an addition to the client's own
+# records for one call (see _peer_callgrind_run.py), not an addition to the client's own
 CHEAPER_OF = ("openlit", "openllmetry")
 # (client, kind): non-streamed calls, streams on a sync client, streams on the async client
 WORKLOADS = (("httpx", "call"), ("openai", "call"), ("httpx", "stream"), ("openai", "stream"), ("openai", "async"))

@@ -2,7 +2,7 @@
 ``_peers_worker.py`` does for ``peers.py`` (same configurations, same no-op pipeline), make
 three warm-up calls, then COUNT calls of one workload, and flush the span pipeline.
 
-    python _instructions_peer.py CONFIG CLIENT KIND TOKENS COUNT BASE_URL CONTENT
+    python _peer_callgrind_run.py CONFIG CLIENT KIND TOKENS COUNT BASE_URL CONTENT
 
 CLIENT is httpx or openai; KIND is call, stream or async (streams one after another on an
 async client, so per chunk is measured on the event-loop path). Imports only what the worker

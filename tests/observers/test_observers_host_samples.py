@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from otel_llm._log import reset_log_once
-from otel_llm.observers.sampler import HostSampler, Sample
+from otel_llm.observers.host_samples import HostSampler, Sample
 
 LINUX = sys.platform.startswith("linux")
 INTERVAL_NS = 1_000_000_000  # one interval of 1 s, in ns
@@ -235,7 +235,7 @@ def test_proc_readings_match_psutil() -> None:
     """The sampler reads /proc itself (cheaper once a second); it must agree with psutil."""
     import psutil
 
-    from otel_llm.observers import sampler as module
+    from otel_llm.observers import host_samples as module
 
     busy, total = module._proc_cpu_fields()  # type: ignore[misc]
     times = psutil.cpu_times()
@@ -246,7 +246,7 @@ def test_proc_readings_match_psutil() -> None:
 
 
 def test_without_proc_the_sampler_falls_back_to_psutil(monkeypatch: pytest.MonkeyPatch) -> None:
-    from otel_llm.observers import sampler as module
+    from otel_llm.observers import host_samples as module
 
     monkeypatch.setattr(module, "_PROC_STAT", "/nonexistent/stat")
     monkeypatch.setattr(module, "_PROC_MEMINFO", "/nonexistent/meminfo")

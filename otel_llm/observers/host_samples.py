@@ -43,6 +43,9 @@ from otel_llm.semconv import (  # noqa: F401 - names callers import from here to
     LLM_HOST_CPU_UTILIZATION, LLM_HOST_MEMORY_UTILIZATION, LLM_HOST_PAGING_MAJOR_FAULTS,
     LLM_HOST_SWAP_IN, LLM_HOST_SWAP_OUT, LLM_HOST_GPU_UTILIZATION, LLM_HOST_GPU_MEMORY_USAGE,
 )
+
+__all__ = ["HostSampler", "Sample"]
+
 # probe keys the window turns into attributes
 PROBE_GPU_UTILIZATION = "gpu.utilization"
 PROBE_GPU_MEMORY_USAGE = "gpu.memory.usage"
