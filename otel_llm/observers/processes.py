@@ -19,13 +19,13 @@ import psutil
 from otel_llm._log import log_once
 from otel_llm.observers.registry import Server, ServerRegistry
 from otel_llm.observers.sockets import listeners
-from otel_llm.parse.runtimes import OBSERVED
+from otel_llm.runtimes import OBSERVED
 
 __all__ = ["Listener", "RuntimeProcesses", "listening_runtimes", "runtime_for_name"]
 
 RuntimeProcess = tuple[psutil.Process, str | None]
 
-# What identifies each runtime's processes is declared by its module (parse/runtimes/<rt>.py).
+# What identifies each runtime's processes is declared by its module (runtimes/<rt>.py).
 _NAME_PREFIXES = tuple((prefix, name) for name, o in OBSERVED.items() for prefix in o.executables)
 _EXACT_NAMES = {exe: name for name, o in OBSERVED.items() for exe in o.executable_names}
 # Python runtimes run as "python ... vllm ..."; match the module or script, not any argument

@@ -1,6 +1,6 @@
 """Which request flavour (``--api``) and runtime a target speaks, from side-effect-free GET routes.
 
-Each runtime's module proves itself (``probe`` in ``otel_llm.parse.runtimes``); they run in the
+Each runtime's module proves itself (``probe`` in ``otel_llm.runtimes``); they run in the
 order of ``PROBES`` and the first proof wins, never generating tokens and never loading a model:
 
 1. llama.cpp: ``GET /props`` with ``default_generation_settings`` (api ``"llamacpp"``).
@@ -24,7 +24,8 @@ from typing import Any
 
 import httpx
 
-from otel_llm.parse.runtimes import PROBES, ModelInfo, model_info, ollama
+from otel_llm.parse.runtimes import ModelInfo, ollama
+from otel_llm.runtimes import PROBES, model_info
 
 __all__ = ["Detection", "detect", "detect_api", "loaded_model", "runtime_hint", "server_root"]
 

@@ -21,7 +21,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import Gauge, InMemoryMetricReader, Metric, Sum
 
 import otel_llm
-from otel_llm.observers import runtime_state
+from otel_llm.observers import _runtime_client
 from otel_llm.observers.poll_policy import POLL_ALL, PollPolicy
 from otel_llm.observers.registry import ServerRegistry
 from otel_llm.observers.runtime_state import MAX_FAILURES, RuntimeStateObserver, otel_name
@@ -145,15 +145,6 @@ def _text(name: str) -> str:
 
 def _runtime_logs(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "otel_llm" and "runtime state" in r.getMessage()]
-
-
-# --- name mapping ------------------------------------------------------------------------------------
-def test_name_mapping_rule() -> None:
-    assert otel_name("llamacpp:requests_processing") == "llamacpp.requests_processing"
-    assert otel_name("vllm:prompt_tokens_total") == "vllm.prompt_tokens_total"
-    assert otel_name("tgi_queue_size") == "tgi_queue_size"
-    assert otel_name("_private:x") == "private.x"
-    assert otel_name("x" * 300) is None
 
 
 # --- vLLM, TGI, SGLang ------------------------------------------------------------------------------
@@ -581,7 +572,7 @@ def test_unreachable_runtime_stops_after_the_bound(rig: Rig, caplog: pytest.LogC
     assert time.monotonic() - started < 10  # refused at once, never waited for
     logs = _runtime_logs(caplog)
     assert len(logs) == 1 and "unreachable (ConnectError)" in logs[0] and "no longer polled" in logs[0], logs
-    assert rig.observer._states[(LOOPBACK, port)].failures == {"/metrics": MAX_FAILURES}  # /v1/models not tried
+    assert rig.observer._states[(LOOPBACK, port)].backoff.failures == {"/metrics": MAX_FAILURES}  # /v1/models not tried
     assert rig.observer.latest_state(LOOPBACK, port) == {}
     assert rig.points("llm.runtime.requests.running") == []
 
@@ -590,7 +581,7 @@ def test_timeouts_count_as_failures(rig: Rig, caplog: pytest.LogCaptureFixture,
                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """A listener that accepts and never answers (a hung server) is backed off like a refusal."""
     caplog.set_level(logging.DEBUG, logger="otel_llm")
-    monkeypatch.setattr(runtime_state, "TIMEOUT", 0.1)
+    monkeypatch.setattr(_runtime_client, "TIMEOUT", 0.1)
     with socket.socket() as silent:
         silent.bind((LOOPBACK, 0))
         silent.listen(16)  # the kernel completes the handshakes; nobody reads or answers

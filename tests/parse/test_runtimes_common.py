@@ -343,7 +343,8 @@ def test_each_runtime_module_declares_what_the_observers_know() -> None:
     """Recognition, probes and metric names live in the runtime's own module; the observers'
     tables are built from those declarations, so each series belongs to the runtime it names."""
     from otel_llm.observers import processes, runtime_state
-    from otel_llm.parse.runtimes import KNOWN_RUNTIMES, OBSERVED
+    from otel_llm.parse.runtimes import KNOWN_RUNTIMES
+    from otel_llm.runtimes import OBSERVED
 
     assert tuple(OBSERVED) == KNOWN_RUNTIMES
     state_keys = {runtime_state.STATE_REQUESTS_RUNNING, runtime_state.STATE_REQUESTS_WAITING,
@@ -391,17 +392,19 @@ def _code_strings(path: Path) -> set[str]:
 
 
 def test_each_runtimes_wire_names_are_written_in_its_module_only() -> None:
-    """Reading a runtime's answers, normalizing its counters, recognizing and probing it: the names
-    its wire format uses appear in its own module, nowhere else in the library (the simulator,
-    which imitates the runtimes, aside)."""
+    """Reading a runtime's answers and normalizing its counters (its module in parse/runtimes/),
+    recognizing and probing it (its module in runtimes/): the names its wire format uses appear in
+    its own two modules, nowhere else in the library (the simulator, which imitates the runtimes,
+    aside)."""
     root = Path(otel_llm.__file__).parent
-    owners = {name: root / "parse" / "runtimes" / f"{module}.py" for name, module in _OWNED.items()}
-    for name, owner in owners.items():
-        assert any(name in s for s in _code_strings(owner)), (name, owner.name)
+    owners = {name: (root / "parse" / "runtimes" / f"{module}.py", root / "runtimes" / f"{module}.py")
+              for name, module in _OWNED.items()}
+    for name, owned in owners.items():
+        assert any(name in s for path in owned for s in _code_strings(path)), (name, owned[0].name)
     for path in root.rglob("*.py"):
         if "sim" in path.relative_to(root).parts or path.name == "semconv_reference.py":
             continue  # the simulator imitates the runtimes; the names' reference is prose for users
         strings = _code_strings(path)
-        for name, owner in owners.items():
-            if path != owner and (path.relative_to(root).as_posix(), name) not in _CONTROL:
+        for name, owned in owners.items():
+            if path not in owned and (path.relative_to(root).as_posix(), name) not in _CONTROL:
                 assert not any(name in s for s in strings), f"{name!r} written in {path.relative_to(root)}"

@@ -158,3 +158,63 @@ def test_every_sdk_module_has_a_test_module_named_after_it() -> None:
         if not {f"test_{stem}", f"test_{package}_{stem}"} & names:
             missing.append(relative)
     assert missing == [], missing
+
+
+# parse/ reads what capture recorded and nothing else: whatever sends a request or reads a process
+# (the runtime-state poller, diagnose's probes, the process observers) lives outside it
+_IO_MODULES = ("socket", "http.client", "urllib.request", "httpx", "subprocess", "aiohttp", "urllib3", "requests",
+               "psutil")
+# the otel_llm modules parse/ may import besides its own: names and types, no behaviour
+_PURE_SHARED = {"otel_llm.semconv", "otel_llm._types", "otel_llm._log"}
+
+
+def _imported_names(tree: ast.AST) -> set[str]:
+    """Every module a source names in an import statement or in ``importlib.import_module("...")``."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, (ast.Attribute, ast.Name))
+              and getattr(node.func, "attr", getattr(node.func, "id", None)) in ("import_module", "__import__")
+              and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            names.add(node.args[0].value)
+    return names
+
+
+def _impurities(module: str, source: str, imports: set[str]) -> list[str]:
+    tree = ast.parse(source)
+    found = [f"{module} imports {name}" for name in sorted(_imported_names(tree))
+             if any(name == io or name.startswith(io + ".") for io in _IO_MODULES)]
+    found += [f"{module} reads {node.value!r}" for node in ast.walk(tree)
+              if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("/proc")]
+    found += [f"{module} imports {name}" for name in sorted(imports)
+              if not name.startswith("otel_llm.parse") and name not in _PURE_SHARED]
+    # a function that takes GET access to a server (diagnose's ``Routes``) sends requests through it
+    found += [f"{module} asks a server through Routes" for node in ast.walk(tree)
+              if isinstance(node, ast.Name) and node.id == "Routes"
+              or isinstance(node, ast.ClassDef) and node.name == "Routes"]
+    return found
+
+
+def test_parse_does_no_io() -> None:
+    """No module under otel_llm/parse/ imports a network or process module, reads /proc, imports
+    the otel_llm packages that do (observers, runtimes, tools...), or asks a server for a route."""
+    sources, imports = _sources(), _imports()
+    parse = {module: path for module, path in sources.items() if module.startswith("otel_llm.parse")}
+    assert "otel_llm.parse.runtimes.llamacpp" in parse  # the modules are really found
+    bad = sorted({problem for module, path in parse.items()
+                  for problem in _impurities(module, path.read_text(), imports[module])})
+    assert not bad, bad
+
+
+def test_the_parse_purity_check_sees_what_it_forbids() -> None:
+    """The check above finds each kind of impurity in a source that has it."""
+    source = ("import socket\nfrom urllib.request import urlopen\nimport importlib\nimportlib.import_module('httpx')\n"
+              "PATH = '/proc/self/stat'\ndef probe(routes: Routes) -> None: ...\n")
+    found = _impurities("example", source, {"otel_llm.observers.sockets", "otel_llm.semconv"})
+    assert found == ["example imports httpx", "example imports socket", "example imports urllib.request",
+                     "example imports urllib.request.urlopen", "example reads '/proc/self/stat'",
+                     "example imports otel_llm.observers.sockets", "example asks a server through Routes"], found

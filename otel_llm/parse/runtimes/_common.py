@@ -10,7 +10,7 @@ import logging
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import Any
 
 Reader = Callable[[str, object], Any]
 Field = tuple[str, str, Reader]  # (RuntimeCounters attribute, source key, reader)
@@ -34,32 +34,11 @@ COMMON_REASONS: dict[str, str] = {
 }
 
 
-# keys of a runtime's normalized state (observers.runtime_state.latest_state)
+# keys of a runtime's normalized state (observers.runtime_state.latest_state; each runtime's series
+# behind them: otel_llm.runtimes)
 STATE_REQUESTS_RUNNING = "requests.running"
 STATE_REQUESTS_WAITING = "requests.waiting"
 STATE_KV_CACHE_USAGE = "kv_cache.usage"
-
-
-class Observed(NamedTuple):
-    """What the observers know about a runtime, declared by its module: how to recognize its
-    processes (observers.processes) and which of its routes and series tell its state
-    (observers.runtime_state)."""
-
-    executables: tuple[str, ...] = ()  # prefixes of its executables' names, lower case
-    executable_names: tuple[str, ...] = ()  # exact executable names (too short to be prefixes)
-    python_modules: tuple[str, ...] = ()  # `python -m MODULE` or a script of that name
-    process_titles: tuple[str, ...] = ()  # prefixes of the titles its processes set, lower case
-    state_paths: tuple[str, ...] = ()  # side-effect-free routes polled for its state
-    metric_prefix: str | None = None  # its Prometheus series' names start with this
-    normalized: Mapping[str, tuple[str, ...]] = {}  # state key -> its series (first present wins)
-
-
-class Proof(NamedTuple):
-    """What a side-effect-free route proved about a server (``diagnose``'s detection)."""
-
-    api: str  # the request flavour it speaks: "llamacpp" | "ollama" | "openai"
-    runtime: str | None  # the runtime's name, None when only the flavour is proven
-    version: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,16 +75,6 @@ def positive_int(value: object) -> int | None:
 
 def text_or_none(value: object) -> str | None:
     return value[:256] if isinstance(value, str) and value else None
-
-
-class Routes(Protocol):
-    """GET access to a server's routes for a probe; each path is fetched once."""
-
-    def json(self, path: str) -> Any:
-        """The JSON body of a 200 answer to ``GET path``; None for anything else."""
-
-    def text(self, path: str) -> str | None:
-        """The text of a 200 answer to ``GET path``; None for anything else."""
 
 
 @dataclass(slots=True)

@@ -13,9 +13,7 @@ from typing import Any
 from otel_llm.parse import _merge as m
 from otel_llm.parse._merge import ResponseInfo
 from otel_llm.parse.runtimes._common import (
-    Field, ModelInfo, Observed, Proof, Routes, RuntimeCounters, STATE_KV_CACHE_USAGE, STATE_REQUESTS_RUNNING,
-    STATE_REQUESTS_WAITING, as_dict, fill, flag, get, map_reasons, ms, native_of, rate, reasons_of,
-    positive_int, text_or_none, tokens,
+    Field, RuntimeCounters, as_dict, fill, flag, get, map_reasons, ms, native_of, rate, reasons_of, tokens,
 )
 
 NAME = "llama.cpp"
@@ -28,19 +26,7 @@ SOURCE = (
     "predicted_n, predicted_ms, predicted_per_second, predicted_per_token_ms (ms -> s), "
     "draft_n, draft_n_accepted; /completion `stop_type` and `truncated`"
 )
-OBSERVED = Observed(
-    executables=("llama-server",), python_modules=("llama_cpp",), state_paths=("/metrics",),  # needs --metrics
-    metric_prefix="llamacpp:",
-    normalized={STATE_REQUESTS_RUNNING: ("llamacpp:requests_processing",),
-                STATE_REQUESTS_WAITING: ("llamacpp:requests_deferred",),
-                STATE_KV_CACHE_USAGE: ("llamacpp:kv_cache_usage_ratio",)},
-)
 REASONS = {"eos": "stop", "word": "stop", "limit": "length"}
-# for diagnose, by the request flavour its own API is: the route that answers once it is up, and
-# an admin route an authenticating gateway should refuse
-API = "llamacpp"
-READY_PATH = "/health"
-ADMIN_PATH = "/props"
 
 _TIMINGS: tuple[Field, ...] = (
     ("prompt_tokens", "prompt_n", tokens),
@@ -97,24 +83,3 @@ def _stop_flags(o: Mapping[str, object]) -> str | None:
         if o.get(key) is True:
             return reason
     return None
-
-
-# --- proving it (diagnose) ------------------------------------------------------------------
-def probe(routes: Routes) -> Proof | None:
-    """``GET /props`` with ``default_generation_settings``: specific to llama.cpp's server."""
-    props = routes.json("/props")
-    if isinstance(props, dict) and isinstance(props.get("default_generation_settings"), dict):
-        build = props.get("build_info")
-        return Proof("llamacpp", NAME, str(build) if build else None)
-    return None
-
-
-def model_info(routes: Routes, model: str | None) -> ModelInfo | None:
-    """``GET /props``: the context each slot holds (``n_ctx``), the model file, its type, slots."""
-    props = routes.json("/props")
-    if not isinstance(props, dict):
-        return None
-    settings = props.get("default_generation_settings")
-    context = positive_int(settings.get("n_ctx")) if isinstance(settings, dict) else None
-    return ModelInfo("/props", context, text_or_none(props.get("model_path")),
-                     text_or_none(props.get("model_ftype")), positive_int(props.get("total_slots")))

@@ -8,8 +8,7 @@ from typing import Any
 from otel_llm.parse import _merge as m
 from otel_llm.parse._merge import ResponseInfo
 from otel_llm.parse.runtimes._common import (
-    Field, ModelInfo, Observed, Routes, RuntimeCounters, as_dict, fill, map_reasons, native_of, positive_int,
-    rate, reasons_of, seconds, text_or_none, tokens,
+    Field, RuntimeCounters, as_dict, fill, map_reasons, native_of, rate, reasons_of, seconds, tokens,
 )
 
 NAME = "lmstudio"
@@ -22,8 +21,6 @@ SOURCE = (
     "v1 chat.end: input_tokens, total_output_tokens, tokens_per_second, "
     "time_to_first_token_seconds, model_load_time_seconds)"
 )
-OBSERVED = Observed(executables=("lm studio", "lm-studio", "lmstudio"), executable_names=("lms",))
-# it serves neither /metrics nor /api/ps: nothing to poll (its model listing is read once, model_info)
 REASONS = {
     "eosFound": "stop",
     "stopStringFound": "stop",
@@ -71,24 +68,3 @@ def merge_object(acc: m.Merge, o: dict[str, Any]) -> None:
         acc.last("reasoning_output_tokens", m.count(stats.get("reasoning_output_tokens")))
     if isinstance(o.get("model_info"), dict) or isinstance(o.get("model_instance_id"), str):
         acc.info.runtime = NAME
-
-
-MODELS_PATH = "/api/v0/models"
-
-
-def model_info(routes: Routes, model: str | None) -> ModelInfo | None:
-    """``GET /api/v0/models``: the entry of ``model`` (else the only loaded one), its context length
-    (``loaded_context_length`` where listed, else ``max_context_length``) and quantization."""
-    data = routes.json(MODELS_PATH)
-    entries = data.get("data") if isinstance(data, dict) else None
-    if not isinstance(entries, list):
-        return None
-    entries = [e for e in entries if isinstance(e, dict)]
-    chosen = next((e for e in entries if model is not None and e.get("id") == model), None)
-    loaded = [e for e in entries if e.get("state") == "loaded"]
-    if chosen is None and len(loaded) == 1:
-        chosen = loaded[0]
-    if chosen is None:
-        return None
-    context = positive_int(chosen.get("loaded_context_length")) or positive_int(chosen.get("max_context_length"))
-    return ModelInfo(MODELS_PATH, context, text_or_none(chosen.get("id")), text_or_none(chosen.get("quantization")))

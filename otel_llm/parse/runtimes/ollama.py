@@ -11,8 +11,8 @@ from typing import Any
 from otel_llm.parse import _merge as m
 from otel_llm.parse._merge import ResponseInfo
 from otel_llm.parse.runtimes._common import (
-    Field, ModelInfo, Observed, Proof, Routes, RuntimeCounters, as_dict, fill, map_reasons, native_of, ns,
-    positive_int, reasons_of, text_or_none, tokens,
+    Field, ModelInfo, RuntimeCounters, as_dict, fill, map_reasons, native_of, ns, positive_int, reasons_of,
+    text_or_none, tokens,
 )
 
 NAME = "ollama"
@@ -23,13 +23,6 @@ SOURCE = (
     "final `done:true` object: total_duration, load_duration, prompt_eval_duration, "
     "eval_duration (ns -> s), prompt_eval_count, eval_count, done_reason"
 )
-OBSERVED = Observed(executables=("ollama",),  # "ollama serve" and its "ollama runner" children
-                    state_paths=("/api/ps",))
-# for diagnose, by the request flavour its own API is: the route that answers once it is up, and
-# an admin route an authenticating gateway should refuse
-API = "ollama"
-READY_PATH = "/api/version"
-ADMIN_PATH = "/api/tags"
 REASONS: dict[str, str] = {}  # done_reason is already stop/length; load/unload kept as-is
 
 _FIELDS: tuple[Field, ...] = (
@@ -71,18 +64,7 @@ def merge_object(acc: m.Merge, o: dict[str, Any]) -> None:
         acc.info.runtime = NAME
 
 
-# --- proving it (diagnose) ------------------------------------------------------------------
-def probe(routes: Routes) -> Proof | None:
-    """``GET /api/version`` with a version, or ``GET /`` answering "Ollama is running"."""
-    version = routes.json("/api/version")
-    if isinstance(version, dict) and version.get("version"):
-        return Proof("ollama", NAME, str(version["version"]))
-    root = routes.text("/")
-    if root is not None and root.strip().startswith("Ollama is running"):
-        return Proof("ollama", NAME)
-    return None
-
-
+# --- reading its metadata answers (the observers' /api/ps polls, diagnose's /api/show) ----------
 PS_PATH = "/api/ps"
 
 
@@ -112,16 +94,6 @@ def loaded_model(models: "list[ModelInfo] | tuple[ModelInfo, ...]", model: str |
         wanted = (model, f"{model}:latest") if ":" not in model else (model,)
         return next((m for m in models if m.model in wanted), None)
     return models[0] if len(models) == 1 else None
-
-
-def model_info(routes: Routes, model: str | None) -> ModelInfo | None:
-    """``GET /api/ps``: the loaded model ``model`` runs on (None while it is not loaded)."""
-    data = routes.json(PS_PATH)
-    entries = data.get("models") if isinstance(data, dict) else None
-    if not isinstance(entries, list):
-        return None
-    found = [info for info in (ps_model(e) for e in entries if isinstance(e, dict)) if info is not None]
-    return loaded_model(found, model)
 
 
 SHOW_PATH = "/api/show"  # POST {"model": name}: side-effect free, the model's file metadata

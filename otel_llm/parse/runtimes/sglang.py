@@ -11,9 +11,7 @@ from typing import Any
 from otel_llm.parse import _merge as m
 from otel_llm.parse._merge import ResponseInfo
 from otel_llm.parse.runtimes._common import (
-    Field, Observed, RuntimeCounters, STATE_KV_CACHE_USAGE, STATE_REQUESTS_RUNNING,
-    STATE_REQUESTS_WAITING, as_dict, evaluated, fill, get, map_reasons, native_of, reasons_of,
-    seconds, tokens,
+    Field, RuntimeCounters, as_dict, evaluated, fill, get, map_reasons, native_of, reasons_of, seconds, tokens,
 )
 
 NAME = "sglang"
@@ -23,13 +21,6 @@ RESPONSE_KEYS = ("meta_info",)  # a JSON object with one of these is read by mer
 SOURCE = (
     "`meta_info` of the finished event: prompt_tokens, cached_tokens, completion_tokens, "
     "e2e_latency and queue_time (s), finish_reason.type"
-)
-OBSERVED = Observed(
-    executable_names=("sglang",), python_modules=("sglang",), process_titles=("sglang::",),
-    state_paths=("/metrics",), metric_prefix="sglang:",
-    normalized={STATE_REQUESTS_RUNNING: ("sglang:num_running_reqs",),
-                STATE_REQUESTS_WAITING: ("sglang:num_queue_reqs",),
-                STATE_KV_CACHE_USAGE: ("sglang:token_usage",)},
 )
 REASONS: dict[str, str] = {}  # finish_reason.type is stop/length; abort kept as-is
 

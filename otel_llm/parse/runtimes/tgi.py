@@ -12,8 +12,7 @@ from typing import Any
 from otel_llm.parse import _merge as m
 from otel_llm.parse._merge import ResponseInfo
 from otel_llm.parse.runtimes._common import (
-    Field, Observed, RuntimeCounters, STATE_REQUESTS_RUNNING, STATE_REQUESTS_WAITING, as_dict,
-    fill, map_reasons, ms, native_of, reasons_of, seconds, tokens,
+    Field, RuntimeCounters, as_dict, fill, map_reasons, ms, native_of, reasons_of, seconds, tokens,
 )
 
 NAME = "tgi"
@@ -26,12 +25,6 @@ SOURCE = (
     "x-inference-time, x-time-per-token (ms -> s), x-compute-time (s, fallback total), "
     "x-prompt-tokens, x-generated-tokens; `details` finish_reason, generated_tokens, "
     "input_length"
-)
-OBSERVED = Observed(
-    executables=("text-generation-launcher", "text-generation-router", "text-generation-server"),
-    python_modules=("text_generation_server",), state_paths=("/metrics",), metric_prefix="tgi_",
-    normalized={STATE_REQUESTS_RUNNING: ("tgi_batch_current_size",),
-                STATE_REQUESTS_WAITING: ("tgi_queue_size",)},
 )
 REASONS = {"eos_token": "stop", "stop_sequence": "stop"}
 HEADER_NAMES = (

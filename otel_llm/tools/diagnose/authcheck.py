@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from otel_llm.parse.runtimes import ADMIN_PATHS
+from otel_llm.runtimes import ADMIN_PATHS
 from otel_llm.tools.bench.workload import OPENAI_APIS
 
 from .trials import request_for

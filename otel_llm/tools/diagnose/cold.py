@@ -35,7 +35,7 @@ from typing import Any
 
 import httpx
 
-from otel_llm.parse.runtimes import READY_PATHS
+from otel_llm.runtimes import READY_PATHS
 
 from .trials import Trial, TrialRunner
 
