@@ -30,9 +30,8 @@ from otel_llm import semconv as sc
 from otel_llm.tools.sim import SimProcess
 from otel_llm.tools.sim.formats.base import piece
 from otel_llm_testing import LlamaServer
-from tests.conftest import raw_timeline
-from tests.other_clients import (GO_USER_AGENT, OPENAI_JS_USER_AGENT, go_client, node_openai, run_go,
-                                 run_node)
+from otel_llm_testing.simulator import raw_timeline
+from otel_llm_testing.other_clients import GO_USER_AGENT, OPENAI_JS_USER_AGENT, go_client, node_openai, run_go, run_node
 from tests.tools.test_proxy import (CHAT, KIND_CLIENT, KIND_SERVER, Proxy, children, events, framing, skeleton,
                                    text_of)
 

@@ -21,8 +21,9 @@ from otel_llm.observers.poll_policy import POLL_ALL, POLL_CONFIGURED, POLL_LOCAL
 from otel_llm.observers.processes import listening_runtimes
 from otel_llm.observers.registry import ServerRegistry
 from otel_llm.observers.runtime_state import MAX_FAILURES, RuntimeStateObserver
-from tests.conftest import make_otel
-from tests.helpers_servers import LOOPBACK, ModelServer, wait_for
+from otel_llm_testing.otel import make_otel
+from otel_llm_testing.net import LOOPBACK, wait_for
+from otel_llm_testing.model_server import ModelServer
 from tests.observers.test_observers_runtime_state import FakeRuntime, _text, fake  # noqa: F401 (fixture)
 
 # A stand-in runtime in its own process: answers /metrics like llama-server and /api/ps like

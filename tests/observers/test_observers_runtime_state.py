@@ -26,7 +26,7 @@ from otel_llm.observers.poll_policy import POLL_ALL, PollPolicy
 from otel_llm.observers.registry import ServerRegistry
 from otel_llm.observers.runtime_state import MAX_FAILURES, RuntimeStateObserver, otel_name
 from otel_llm_testing import LlamaServer
-from tests.conftest import make_otel
+from otel_llm_testing.otel import make_otel
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "observers"
 LOOPBACK = "127.0.0.1"

@@ -40,10 +40,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from otel_llm.tools.gateway.process import GatewayProcess
 from otel_llm.tools.sim import SimProcess
 from otel_llm_testing import LlamaServer
-from tests.helpers_servers import clean_env
-from tests.export.test_prometheus import LOOPBACK, Prometheus, finite_values, free_port, prometheus_binary, wait_until
-
-__all__ = ["prometheus_binary"]  # the fixture, shared with test_prometheus.py
+from otel_llm_testing.subprocesses import clean_env
+from otel_llm_testing.net import LOOPBACK, free_port
+from otel_llm_testing.prometheus import Prometheus, finite_values, wait_until
 
 pytestmark = [pytest.mark.timeout(900)]  # the first run may build llama-server (about 8 minutes)
 

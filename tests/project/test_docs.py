@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ import pytest
 from otel_llm import semconv
 from otel_llm import semconv_reference as ref
 from tests.tools.test_diagnose_html import chromium  # noqa: F401 - the fixture (installs Chromium)
+from otel_llm_testing.net import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 # this checkout's otel_llm, also when the venv's editable install points at another one (a worktree)
@@ -281,14 +281,9 @@ def test_a_broken_link_fails_the_build(tmp_path: Path) -> None:
     assert "guide.md" in done.stderr, done.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
 
 def test_make_docs_serve_serves_the_site() -> None:
-    address = f"127.0.0.1:{_free_port()}"
+    address = f"127.0.0.1:{free_port()}"
     command = _make_command("docs-serve", f"DOCS_ADDR={address}")
     assert "mkdocs serve" in command
     proc = subprocess.Popen(command, shell=True, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

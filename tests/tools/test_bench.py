@@ -18,8 +18,8 @@ import otel_llm
 from otel_llm.tools.bench import Level, RequestRecord, Workload, knee, parse_slo, percentile, run_level, summarize
 from otel_llm.tools.bench.load import LevelResult, _arrivals
 from otel_llm.tools.sim import SimProcess
-from tests.conftest import Otel, make_otel
-from tests.helpers_servers import clean_env
+from otel_llm_testing.otel import Otel, make_otel
+from otel_llm_testing.subprocesses import clean_env
 from tests.tools.test_diagnose_html import chromium  # noqa: F401 - the fixture (installs Chromium)
 
 pytestmark = pytest.mark.timeout(300)

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from otel_llm.tools.gateway.process import GatewayProcess
-from tests.helpers_servers import wait_for
+from otel_llm_testing.net import wait_for
 from tests.tools.test_gateway_security import RecordingUpstream, Reply, _env, raw_request, request_bytes
 
 HEAD_TIMEOUT = 1.5  # the short gateway's header, body and idle timeouts (seconds)

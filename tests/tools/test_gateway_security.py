@@ -30,7 +30,8 @@ import pytest
 
 from otel_llm import semconv as sc
 from otel_llm.tools.gateway.process import GatewayProcess
-from tests.helpers_servers import OtlpHttpCollector, Received, attributes_of, wait_for
+from otel_llm_testing.collectors import OtlpHttpCollector, Received, attributes_of
+from otel_llm_testing.net import wait_for
 
 SPAN_KIND_SERVER = 2  # OTLP protobuf enum
 CHAT = {"model": "sim-model", "messages": [{"role": "user", "content": "hello"}]}

@@ -32,7 +32,7 @@ from otel_llm.tools.gateway.proxy import request_headers
 from otel_llm.tools.gateway.settings import PROXY, ConfigError, is_loopback, load_config
 from otel_llm.tools.sim import SimProcess
 from otel_llm.tools.view import render_calls
-from tests.conftest import raw_timeline
+from otel_llm_testing.simulator import raw_timeline
 
 pytestmark = [pytest.mark.skipif(shutil.which("curl") is None, reason="needs Debian's curl")]
 
