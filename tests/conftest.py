@@ -108,3 +108,14 @@ def prometheus_binary() -> str:
         return install_prometheus()
     except PrometheusMissing as exc:
         pytest.fail(str(exc))
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Debian's chromium, installed when missing; never skipped (a failed install fails the test)."""
+    from otel_llm_testing.chromium import ChromiumMissing, install_chromium
+
+    try:
+        return install_chromium()
+    except ChromiumMissing as exc:
+        pytest.fail(str(exc))

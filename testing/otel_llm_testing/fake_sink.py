@@ -1,6 +1,7 @@
-"""What the capture adapters' unit tests share: a fake CallSink (the adapters patched for real,
-handing model calls to it instead of otel_llm's telemetry), the requests they send, and entries
-for a fake resolver (the fixtures that install them are in ``tests/capture/conftest.py``)."""
+"""What the capture tests share: a fake CallSink for the adapters (patched for real, handing model
+calls to it instead of otel_llm's telemetry), the requests they send, entries for a fake resolver
+(the fixtures that install them are in ``tests/capture/conftest.py``), and a sink and a request
+for an ``LlmCall`` driven on its own."""
 
 from __future__ import annotations
 
@@ -8,16 +9,18 @@ import gc
 import socket
 from typing import Any
 
-from otel_llm.capture.call import CallRecord, LlmCall
+from otel_llm.capture.call import CallRecord, CallRequest, LlmCall
 from otel_llm.capture.hooks import flush_collected
 from otel_llm.parse import routes
 
-__all__ = ["CHAT", "CHAT_PATH", "MARK", "NAME", "STREAM", "FakeSink", "addrinfo"]
+__all__ = ["CHAT", "CHAT_PATH", "CHAT_ROUTE", "MARK", "NAME", "STREAM", "FakeSink", "SeamSink", "addrinfo",
+           "call_request", "open_call"]
 
 MARK = "x-otel-llm-test"  # what the fake sink writes into a model call's request headers
 CHAT_PATH = "/v1/chat/completions"
 STREAM: dict[str, Any] = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
 CHAT: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+CHAT_ROUTE = routes.Route(routes.API_OPENAI_CHAT, routes.OP_CHAT, None)
 NAME = "llm.test"  # resolved by the fake resolver fixture, never by a real one
 
 
@@ -58,3 +61,41 @@ def addrinfo(ip: str, port: int) -> tuple[Any, ...]:
     if ":" in ip:
         return (socket.AF_INET6, socket.SOCK_STREAM, 6, "", (ip, port, 0, 0))
     return (socket.AF_INET, socket.SOCK_STREAM, 6, "", (ip, port))
+
+
+class SeamSink:
+    """A CallSink for ``LlmCall`` on its own: records what the seam hands over, the calls started and
+    the records finished; ``fail`` makes ``call_finished`` raise."""
+
+    def __init__(self, capture_content: bool = False, fail: bool = False) -> None:
+        self.capture_content = capture_content
+        self.fail = fail
+        self.started: list[LlmCall] = []
+        self.finished: list[dict[str, Any]] = []
+        self.records: list[CallRecord] = []
+
+    def route(self, path: str) -> routes.Route | None:
+        return routes.match_route(path)
+
+    def call_started(self, call: LlmCall) -> None:
+        self.started.append(call)
+        call.request.headers["traceparent"] = "00-x"
+
+    def call_finished(self, record: CallRecord) -> None:
+        self.records.append(record)
+        self.finished.append({"reason": record.end_reason, "exception": record.exception,
+                              "t_end": record.timeline.end, "body": record.body})
+        if self.fail:
+            raise RuntimeError("sink bug")
+
+
+def call_request(headers: dict[str, str] | None = None, body: bytes | None = b"{}") -> CallRequest:
+    """A chat request to 127.0.0.1:8080, as an adapter would describe it."""
+    return CallRequest("POST", "http", "127.0.0.1", 8080, "/v1/chat/completions",
+                       "http://127.0.0.1:8080/v1/chat/completions?x=1", {} if headers is None else headers, body)
+
+
+def open_call(sink: SeamSink | None = None, route: routes.Route = CHAT_ROUTE) -> tuple[LlmCall, SeamSink]:
+    """An ``LlmCall`` opened on ``sink`` (a fresh ``SeamSink`` by default) for a chat request."""
+    sink = sink or SeamSink()
+    return LlmCall.open(sink, route, call_request()), sink

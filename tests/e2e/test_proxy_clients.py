@@ -32,8 +32,7 @@ from otel_llm.tools.sim.formats.base import piece
 from otel_llm_testing import LlamaServer
 from otel_llm_testing.simulator import raw_timeline
 from otel_llm_testing.other_clients import GO_USER_AGENT, OPENAI_JS_USER_AGENT, go_client, node_openai, run_go, run_node
-from tests.tools.test_proxy import (CHAT, KIND_CLIENT, KIND_SERVER, Proxy, children, events, framing, skeleton,
-                                   text_of)
+from otel_llm_testing.proxy import CHAT, KIND_CLIENT, KIND_SERVER, Proxy, children, events, framing, skeleton, text_of
 
 pytestmark = [pytest.mark.backend, pytest.mark.slow, pytest.mark.timeout(900)]
 

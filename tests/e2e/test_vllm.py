@@ -522,7 +522,7 @@ def test_fixture_recorder_against_the_real_vllm(vllm: VllmServer, tmp_path: Path
     import sys
 
     from otel_llm.parse import routes as r
-    from tests.parse.test_runtimes_common import split_events, window
+    from otel_llm_testing.runtime_fixtures import split_events, window
     from otel_llm.parse.response import parse_body, parse_events
     from otel_llm.parse.runtimes import runtime_counters
     from otel_llm.observers.runtime_state import _normalize, _samples, _names_in
@@ -592,7 +592,7 @@ def test_dashboard_runtime_panels_show_the_real_vllm(vllm: VllmServer, prometheu
     import subprocess
     import sys
 
-    from tests.project.test_dashboards import metric_names, queries, substitute
+    from otel_llm_testing.dashboards import metric_names, queries, substitute
     from otel_llm_testing.net import LOOPBACK, free_port
     from otel_llm_testing.prometheus import Prometheus, finite_values, wait_until
 

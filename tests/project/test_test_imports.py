@@ -1,6 +1,6 @@
 """The test suite's helpers live in the ``otel_llm_testing`` package: a test never imports a conftest
-(pytest loads each conftest itself, and importing one as a module runs it twice under two names),
-and a conftest holds only fixtures and hooks."""
+(pytest loads each conftest itself, and importing one as a module runs it twice under two names) or
+another test module (whose tests would then run twice), and a conftest holds only fixtures and hooks."""
 
 from __future__ import annotations
 
@@ -33,6 +33,16 @@ def test_no_module_imports_a_conftest() -> None:
            for line, name in _imported_modules(ast.parse(path.read_text()))
            if name.rpartition(".")[2] == "conftest"]
     assert not bad, f"import these from otel_llm_testing instead: {bad}"
+
+
+def test_no_test_module_imports_another() -> None:
+    """Scripts beside the tests (``tests/parse/fuzz_atheris.py``) may reuse a test module's pieces."""
+    modules = [*(ROOT / "tests").rglob("test_*.py"), *(ROOT / "tests").rglob("conftest.py")]
+    bad = [f"{path.relative_to(ROOT)}:{line}: {name}"
+           for path in sorted(modules)
+           for line, name in _imported_modules(ast.parse(path.read_text()))
+           if name.startswith("tests.") and name.rpartition(".")[2].startswith("test_")]
+    assert not bad, f"move what they share into otel_llm_testing: {bad}"
 
 
 def test_a_conftest_holds_only_fixtures_and_hooks() -> None:

@@ -25,7 +25,6 @@ from otel_llm.tools.commands.bench import row, warnings
 from otel_llm.tools.sim import SimProcess
 from otel_llm_testing.otel import Otel
 from otel_llm_testing.subprocesses import clean_env
-from tests.tools.test_bench import traced  # noqa: F401 - the fixture (an instrumented process)
 
 pytestmark = pytest.mark.timeout(300)
 
