@@ -1,4 +1,4 @@
-"""Every client path in ``tests/clients.py``, the real libraries, against the simulator (injected
+"""Every client path in ``otel_llm_testing/clients.py``, the real libraries, against the simulator (injected
 timings are the truth) and against the real llama.cpp server (its own counters are).
 
 Each call gives exactly one CLIENT span, the phases, the time to first token, and the

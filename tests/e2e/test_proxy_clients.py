@@ -11,7 +11,7 @@ each client got is the text the proxy saw, and the stream is framed as when call
 (llama.cpp's text itself may differ from one call to the next, even at temperature 0).
 
 Everything is real: the clients' own processes, the proxy (the CLI), the simulator and
-llama-server. Node.js, the npm package and Go are installed on first use (``tests/other_clients.py``).
+llama-server. Node.js, the npm package and Go are installed on first use (``otel_llm_testing/other_clients.py``).
 """
 
 from __future__ import annotations
