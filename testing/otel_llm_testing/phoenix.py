@@ -43,7 +43,8 @@ from typing import Any
 import httpx
 
 from otel_llm_testing.subprocesses import private_venv, start_logged, terminate, wait_until_ok
-from otel_llm_testing.llama_server import DEFAULT_CACHE, free_port
+from otel_llm_testing.llama_server import DEFAULT_CACHE
+from otel_llm_testing.net import free_port
 from otel_llm_testing.markers import need
 
 __all__ = ["PHOENIX_VERSION", "PhoenixError", "PhoenixServer", "phoenix_executable"]

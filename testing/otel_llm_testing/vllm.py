@@ -37,7 +37,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from otel_llm_testing.subprocesses import private_venv, start_logged, wait_until_ok
-from otel_llm_testing.llama_server import DEFAULT_CACHE, free_port
+from otel_llm_testing.llama_server import DEFAULT_CACHE
+from otel_llm_testing.net import free_port
 from otel_llm_testing.markers import need
 
 __all__ = ["VLLM_VERSION", "VllmError", "VllmServer", "model_dir", "vllm_python"]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from types import SimpleNamespace
@@ -23,10 +22,11 @@ from otel_llm.capture.call import (
     END_CANCELLED, END_CLOSED, END_EOF, END_ERROR, END_UNTRACED, CallRequest, LlmCall,
 )
 from otel_llm.parse import routes
-from tests.conftest import configure_sim
-from tests.capture.adapter_fixtures import CHAT, CHAT_PATH, MARK, STREAM, model_server, sink  # noqa: F401
-from tests.capture.adapter_fixtures import FakeSink as _Sink
-from tests.helpers_servers import ModelServer
+from otel_llm_testing.simulator import configure_sim
+from otel_llm_testing.fake_sink import CHAT, CHAT_PATH, MARK, STREAM
+from otel_llm_testing.fake_sink import FakeSink as _Sink
+from otel_llm_testing.model_server import ModelServer
+from otel_llm_testing.net import free_port
 
 
 
@@ -260,9 +260,7 @@ def test_a_read_cancelled_while_waiting_ends_cancelled(sim: Any, sink: _Sink) ->
 
 
 def test_a_refused_connection_ends_the_call_inside_connect(sink: _Sink) -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
 
     async def run() -> None:
         async with aiohttp.ClientSession() as session:

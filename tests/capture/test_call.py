@@ -8,61 +8,24 @@ import asyncio
 import gzip
 import logging
 import threading
-from typing import Any
 
 import pytest
 
 from otel_llm._log import reset_log_once
 from otel_llm.capture import call as call_module
 from otel_llm.capture.call import (
-    END_CANCELLED, END_CLOSED, END_EOF, END_ERROR, END_GC, FOLD_BYTES, CallRecord, CallRequest, LlmCall, Timeline,
-    TlsInfo,
+    END_CANCELLED, END_CLOSED, END_EOF, END_ERROR, END_GC, FOLD_BYTES, CallRecord, LlmCall, Timeline, TlsInfo,
 )
 from otel_llm.capture.record import MARKS
 from otel_llm.parse import routes
 from otel_llm.parse.formats import NDJSON, SSE
+from otel_llm_testing.fake_sink import CHAT_ROUTE, SeamSink, call_request, open_call
 
-CHAT = routes.Route(routes.API_OPENAI_CHAT, routes.OP_CHAT, None)
 OLLAMA = routes.Route(routes.API_OLLAMA_CHAT, routes.OP_CHAT, "ollama")
 
 
-class _Sink:
-    """Records what the seam hands over: the calls started, the records finished."""
-
-    def __init__(self, capture_content: bool = False, fail: bool = False) -> None:
-        self.capture_content = capture_content
-        self.fail = fail
-        self.started: list[LlmCall] = []
-        self.finished: list[dict[str, Any]] = []
-        self.records: list[CallRecord] = []
-
-    def route(self, path: str) -> routes.Route | None:
-        return routes.match_route(path)
-
-    def call_started(self, call: LlmCall) -> None:
-        self.started.append(call)
-        call.request.headers["traceparent"] = "00-x"
-
-    def call_finished(self, record: CallRecord, state: object = None) -> None:
-        self.records.append(record)
-        self.finished.append({"reason": record.end_reason, "exception": record.exception,
-                              "t_end": record.timeline.end, "body": record.body})
-        if self.fail:
-            raise RuntimeError("sink bug")
-
-
-def _request(headers: dict[str, str] | None = None, body: bytes | None = b"{}") -> CallRequest:
-    return CallRequest("POST", "http", "127.0.0.1", 8080, "/v1/chat/completions",
-                       "http://127.0.0.1:8080/v1/chat/completions?x=1", {} if headers is None else headers, body)
-
-
-def _open(sink: _Sink | None = None, route: routes.Route = CHAT) -> tuple[LlmCall, _Sink]:
-    sink = sink or _Sink()
-    return LlmCall.open(sink, route, _request()), sink
-
-
 def test_call_request_fields_and_order() -> None:
-    request = _request(body=None)
+    request = call_request(body=None)
     assert request._fields == ("method", "scheme", "host", "port", "path", "url", "headers", "body")
     assert request.port == 8080 and request.path == "/v1/chat/completions" and request.body is None
     assert request.url.endswith("?x=1")
@@ -70,16 +33,16 @@ def test_call_request_fields_and_order() -> None:
 
 def test_open_tells_the_sink_which_call_started() -> None:
     headers: dict[str, str] = {}
-    sink = _Sink()
-    call = LlmCall.open(sink, CHAT, _request(headers))
+    sink = SeamSink()
+    call = LlmCall.open(sink, CHAT_ROUTE, call_request(headers))
     assert sink.started == [call] and call.key == id(call)
     assert headers == {"traceparent": "00-x"}  # the sink writes trace context into the request's carrier
     assert call.timeline() == Timeline(call.t0, call.epoch0, 0) and not call.finished and not call.streaming
-    assert call.route is CHAT and call.status == 0 and call.end_reason == ""
+    assert call.route is CHAT_ROUTE and call.status == 0 and call.end_reason == ""
 
 
 def test_each_timeline_method_stamps_its_own_mark_in_order() -> None:
-    call, _ = _open()
+    call, _ = open_call()
     steps = [(call.dns_started, "dns_start"), (call.dns_done, "dns_end"), (call.connect_started, "connect_start"),
              (lambda: call.connected(("10.0.0.1", 443)), "connect_end"), (call.tls_started, "tls_start"),
              (lambda: call.tls_done("TLSv1.3", "TLS_AES_128_GCM_SHA256", "h2"), "tls_end"),
@@ -102,14 +65,14 @@ def test_each_timeline_method_stamps_its_own_mark_in_order() -> None:
 
 
 def test_pool_wait_keeps_the_first_start_and_the_last_end() -> None:
-    call, _ = _open()
+    call, _ = open_call()
     call.pool_wait(100, 200)
     call.pool_wait(300, 450)
     assert (call.timeline().pool_start, call.timeline().pool_end) == (100, 450)
 
 
 def test_peer_and_tls_details_are_not_lost() -> None:
-    call, _ = _open()
+    call, _ = open_call()
     call.connected(("127.0.0.1", 1))
     call.set_peer(None)  # a stack that cannot tell keeps what the socket said
     assert call.peer == ("127.0.0.1", 1)
@@ -123,7 +86,7 @@ def test_peer_and_tls_details_are_not_lost() -> None:
 
 
 def test_headers_received_without_a_version_keeps_the_known_one() -> None:
-    call, _ = _open()
+    call, _ = open_call()
     call.headers_received("1.1")
     call.headers_received(None)
     call.headers_received("")
@@ -131,18 +94,18 @@ def test_headers_received_without_a_version_keeps_the_known_one() -> None:
 
 
 def test_response_started_keeps_an_earlier_headers_mark() -> None:
-    call, _ = _open()
+    call, _ = open_call()
     call.headers_received()
     first = call.timeline().headers
     call.response_started(200, {"Content-Type": "application/json"})
     assert call.timeline().headers == first
-    other, _ = _open()
+    other, _ = open_call()
     other.response_started(200, {})
     assert other.timeline().headers > 0
 
 
 def test_response_started_lowercases_headers_and_picks_whole_body_parsing() -> None:
-    call, _ = _open()
+    call, _ = open_call()
     call.response_started(201, {"Content-Type": "Application/JSON", "X-Request-Id": "r1"})
     assert call.status == 201
     assert call.response_headers == {"content-type": "Application/JSON", "x-request-id": "r1"}
@@ -151,13 +114,13 @@ def test_response_started_lowercases_headers_and_picks_whole_body_parsing() -> N
 
 
 @pytest.mark.parametrize(("route", "content_type", "framing"), [
-    (CHAT, "text/event-stream; charset=utf-8", SSE),
-    (CHAT, "application/x-ndjson", NDJSON),
+    (CHAT_ROUTE, "text/event-stream; charset=utf-8", SSE),
+    (CHAT_ROUTE, "application/x-ndjson", NDJSON),
     (OLLAMA, "application/x-ndjson", NDJSON),
     (OLLAMA, "application/jsonl", NDJSON),
 ])
 def test_a_stream_content_type_starts_the_scanner(route: routes.Route, content_type: str, framing: str) -> None:
-    call, _ = _open(route=route)
+    call, _ = open_call(route=route)
     call.response_started(200, {"Content-Type": content_type})
     assert call.streaming and call.scanner is not None
     assert call.scanner.fmt.framing == framing
@@ -165,25 +128,25 @@ def test_a_stream_content_type_starts_the_scanner(route: routes.Route, content_t
 
 
 def test_captured_bytes_only_when_the_sink_captures_content() -> None:
-    call, _ = _open(_Sink(capture_content=True))
+    call, _ = open_call(SeamSink(capture_content=True))
     call.response_started(200, {"content-type": "text/event-stream"})
     assert call.captured == bytearray()
-    whole, _ = _open(_Sink(capture_content=True))
+    whole, _ = open_call(SeamSink(capture_content=True))
     whole.response_started(200, {"content-type": "application/json"})
     assert whole.captured is None  # a whole body is parsed from call.body instead
 
 
 def test_content_encoding_gets_a_decoder_unless_the_stack_already_decoded() -> None:
-    call, _ = _open()
+    call, _ = open_call()
     call.response_started(200, {"Content-Encoding": "gzip", "Content-Type": "application/json"})
     assert call.decoder is not None
-    decoded, _ = _open()
+    decoded, _ = open_call()
     decoded.response_started(200, {"Content-Encoding": "gzip"}, decoded=True)
     assert decoded.decoder is None
 
 
 def test_chunks_wait_for_the_fold_until_more_than_fold_bytes() -> None:
-    call, _ = _open()
+    call, _ = open_call()
     call.response_started(200, {"content-type": "application/json"})
     call.chunk(b"a" * (FOLD_BYTES - 1))
     call.chunk(b"b")
@@ -195,7 +158,7 @@ def test_chunks_wait_for_the_fold_until_more_than_fold_bytes() -> None:
 
 
 def test_fold_feeds_the_scanner_with_each_chunks_time() -> None:
-    call, _ = _open()
+    call, _ = open_call()
     call.response_started(200, {"content-type": "text/event-stream"})
     call.times[:] = [1_000, 2_000, 3_000]
     call.chunks[:] = [b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n',
@@ -208,7 +171,7 @@ def test_fold_feeds_the_scanner_with_each_chunks_time() -> None:
 
 
 def test_fold_decodes_a_compressed_body() -> None:
-    call, _ = _open()
+    call, _ = open_call()
     call.response_started(200, {"content-type": "application/json", "content-encoding": "gzip"})
     wire = gzip.compress(b'{"id":"x","choices":[]}')
     call.chunk(wire[:7])
@@ -219,7 +182,7 @@ def test_fold_decodes_a_compressed_body() -> None:
 
 def test_captured_stream_bytes_stop_at_the_capture_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(call_module, "CAPTURE_BYTES", 10)
-    call, _ = _open(_Sink(capture_content=True))
+    call, _ = open_call(SeamSink(capture_content=True))
     call.response_started(200, {"content-type": "text/event-stream"})
     call.chunk(b"0123456")
     call.fold()
@@ -233,7 +196,7 @@ def test_captured_stream_bytes_stop_at_the_capture_bound(monkeypatch: pytest.Mon
 
 def test_a_body_over_the_limit_is_dropped_and_stays_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(call_module, "BODY_LIMIT", 10)
-    call, _ = _open()
+    call, _ = open_call()
     call.response_started(200, {"content-type": "application/json"})
     call.chunk(b"0123456789")
     call.fold()
@@ -253,7 +216,7 @@ class _BrokenScanner:
 
 def test_a_failing_scanner_is_logged_once_and_never_raises(caplog: pytest.LogCaptureFixture) -> None:
     reset_log_once()
-    call, _ = _open()
+    call, _ = open_call()
     call.scanner = _BrokenScanner()  # type: ignore[assignment]
     with caplog.at_level(logging.WARNING, logger="otel_llm"):
         for _ in range(2):
@@ -266,13 +229,13 @@ def test_a_failing_scanner_is_logged_once_and_never_raises(caplog: pytest.LogCap
 
 def test_the_anchor_pairs_the_call_start_with_the_wall_clock() -> None:
     before = call_module.perf_ns()
-    call, _ = _open()
+    call, _ = open_call()
     assert before <= call.t0 <= call_module.perf_ns()
     assert call.epoch0 > 1_600_000_000 * 10**9  # an epoch time in nanoseconds, not a perf counter
 
 
 def test_finish_folds_what_is_left_then_hands_over_once() -> None:
-    call, sink = _open()
+    call, sink = open_call()
     call.response_started(200, {"content-type": "application/json"})
     call.chunk(b'{"a":')
     call.chunk(b"1}")
@@ -284,14 +247,14 @@ def test_finish_folds_what_is_left_then_hands_over_once() -> None:
 
 
 def test_finish_without_a_time_stamps_now() -> None:
-    call, _ = _open()
+    call, _ = open_call()
     before = call_module.perf_ns()
     call.finish(END_CLOSED)
     assert before <= call.t_end <= call_module.perf_ns()
 
 
 def test_the_sink_sees_the_exception_but_the_record_drops_it() -> None:
-    call, sink = _open()
+    call, sink = open_call()
     error = ConnectionResetError("peer reset")
     call.finish(END_ERROR, error)
     assert sink.finished[0]["exception"] is error
@@ -300,7 +263,7 @@ def test_the_sink_sees_the_exception_but_the_record_drops_it() -> None:
 
 def test_a_failing_sink_is_logged_and_the_call_stays_finished(caplog: pytest.LogCaptureFixture) -> None:
     reset_log_once()
-    call, sink = _open(_Sink(fail=True))
+    call, sink = open_call(SeamSink(fail=True))
     with caplog.at_level(logging.WARNING, logger="otel_llm"):
         call.finish(END_EOF)
     assert call.finished and len(sink.finished) == 1
@@ -310,18 +273,18 @@ def test_a_failing_sink_is_logged_and_the_call_stays_finished(caplog: pytest.Log
 
 
 def test_finish_from_inside_the_sink_does_not_deadlock_or_repeat() -> None:
-    class Reentrant(_Sink):
+    class Reentrant(SeamSink):
         def call_finished(self, record: CallRecord, state: object = None) -> None:
             super().call_finished(record)
             self.started[-1].finish(END_GC)  # e.g. the response collected while the sink runs
 
-    call, sink = _open(Reentrant())
+    call, sink = open_call(Reentrant())
     call.finish(END_EOF)
     assert [f["reason"] for f in sink.finished] == [END_EOF]
 
 
 def test_racing_finishes_reach_the_sink_once() -> None:
-    call, sink = _open()
+    call, sink = open_call()
     barrier = threading.Barrier(8)
     reasons = [END_EOF, END_CLOSED, END_ERROR, END_GC] * 2
 
@@ -344,7 +307,7 @@ def test_racing_finishes_reach_the_sink_once() -> None:
     (KeyboardInterrupt(), END_ERROR, True),
 ])
 def test_finish_from_exception_maps_the_way_the_call_ended(exc: BaseException, reason: str, kept: bool) -> None:
-    call, sink = _open()
+    call, sink = open_call()
     call.finish_from_exception(exc)
     assert sink.finished[0]["reason"] == reason
     assert sink.finished[0]["exception"] is (exc if kept else None)
@@ -353,7 +316,7 @@ def test_finish_from_exception_maps_the_way_the_call_ended(exc: BaseException, r
 def test_a_replaced_response_leaves_nothing_of_the_earlier_one() -> None:
     """``response_replaced`` resets every response-side field (one added to LlmCall later must be
     reset there too, or this fails)."""
-    (fresh, _), (call, _) = _open(), _open()
+    (fresh, _), (call, _) = open_call(), open_call()
     call.response_started(503, {"content-type": "text/event-stream", "content-encoding": "gzip"})
     call.chunk(b"x" * 100)
     call.fold()

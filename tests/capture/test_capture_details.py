@@ -15,7 +15,8 @@ from opentelemetry.trace import SpanKind
 
 import otel_llm
 from otel_llm import semconv as sc
-from tests.conftest import Otel, configure_sim, make_otel
+from otel_llm_testing.otel import Otel, make_otel
+from otel_llm_testing.simulator import configure_sim
 
 # the tests marked timing need two calls to overlap or tokens to arrive apart, on a shared 2-core
 # machine: one bad scheduling moment is not a regression; the others are exact

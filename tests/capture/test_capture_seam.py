@@ -16,7 +16,8 @@ import pytest
 from otel_llm import semconv as sc
 from otel_llm.capture.call import END_EOF, CallRecord, CallRequest, LlmCall
 from otel_llm.instrumentor import current_telemetry
-from tests.conftest import Otel, configure_sim
+from otel_llm_testing.otel import Otel
+from otel_llm_testing.simulator import configure_sim
 
 PACKAGE = Path(__file__).resolve().parents[2] / "otel_llm"
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}

@@ -1,4 +1,4 @@
-"""Every client path in ``tests/clients.py``, the real libraries, against the simulator (injected
+"""Every client path in ``otel_llm_testing/clients.py``, the real libraries, against the simulator (injected
 timings are the truth) and against the real llama.cpp server (its own counters are).
 
 Each call gives exactly one CLIENT span, the phases, the time to first token, and the
@@ -19,8 +19,9 @@ from otel_llm import semconv as sc
 from otel_llm._log import reset_log_once
 from otel_llm.tools.sim.formats.base import piece
 from otel_llm_testing import LlamaServer
-from tests.clients import CASES, OLLAMA, OPENAI, Case
-from tests.conftest import Otel, configure_sim, make_otel, raw_timeline
+from otel_llm_testing.clients import CASES, OLLAMA, OPENAI, Case
+from otel_llm_testing.otel import Otel, make_otel
+from otel_llm_testing.simulator import configure_sim, raw_timeline
 
 HEADERS_DELAY = 0.040
 FIRST_TOKEN_DELAY = 0.060

@@ -10,7 +10,8 @@ import ollama
 import openai
 
 from otel_llm import semconv as sc
-from tests.conftest import Otel, configure_sim
+from otel_llm_testing.otel import Otel
+from otel_llm_testing.simulator import configure_sim
 
 STREAMED = [sc.SPAN_UPLOAD, sc.SPAN_SERVER_WAIT, sc.SPAN_FIRST_TOKEN, sc.SPAN_DECODE]
 NON_STREAMED = [sc.SPAN_UPLOAD, sc.SPAN_SERVER_WAIT, sc.SPAN_DOWNLOAD]

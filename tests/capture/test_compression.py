@@ -12,8 +12,9 @@ import pytest
 
 from otel_llm import semconv as sc
 from otel_llm.parse.encoding import MAX_DECODED, decoder_for
-from tests.clients import CASES
-from tests.conftest import Otel, configure_sim
+from otel_llm_testing.clients import CASES
+from otel_llm_testing.otel import Otel
+from otel_llm_testing.simulator import configure_sim
 
 TOKENS = 8
 # one case per transport and read style (httpx raw, aiohttp decoding itself, aiohttp under an
@@ -135,7 +136,7 @@ def test_a_bomb_through_a_client_keeps_the_response_and_bounded_memory(otel: Ote
     """The application reads the raw bytes as sent; otel_llm stops decoding at its bound."""
     import tracemalloc
 
-    from tests.helpers_servers import Plan, PlanServer
+    from otel_llm_testing.model_server import Plan, PlanServer
 
     bomb = gzip.compress(b'{"model":"m","choices":[]}' + b" " * (64 * 1024 * 1024))  # 64 MiB decoded
     server = PlanServer()

@@ -8,7 +8,6 @@ import asyncio
 import gc
 import json
 import logging
-import socket
 from typing import Any
 
 import anyio
@@ -20,17 +19,13 @@ from otel_llm.capture import httpcore as adapter
 from otel_llm.capture.call import (
     END_CANCELLED, END_CLOSED, END_EOF, END_ERROR, END_GC, END_UNTRACED, LlmCall,
 )
-from tests.conftest import configure_sim
-from tests.capture.adapter_fixtures import CHAT, CHAT_PATH, MARK, STREAM, model_server, sink  # noqa: F401
-from tests.capture.adapter_fixtures import FakeSink as _Sink
-from tests.helpers_servers import ModelServer
+from otel_llm_testing.simulator import configure_sim
+from otel_llm_testing.fake_sink import CHAT, CHAT_PATH, MARK, STREAM
+from otel_llm_testing.fake_sink import FakeSink as _Sink
+from otel_llm_testing.model_server import ModelServer
+from otel_llm_testing.net import free_port
 
 
-
-def _refused_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _inner_stream(response: httpx.Response) -> Any:
@@ -243,7 +238,7 @@ def test_each_way_a_sync_response_ends(sim: Any, sink: _Sink, read: Any, headers
 
 def test_a_refused_connection_ends_the_call_inside_connect(sink: _Sink) -> None:
     with httpx.Client() as client, pytest.raises(httpx.ConnectError) as raised:
-        client.post(f"http://127.0.0.1:{_refused_port()}{CHAT_PATH}", json=CHAT)
+        client.post(f"http://127.0.0.1:{free_port()}{CHAT_PATH}", json=CHAT)
     record = sink.one()
     assert record.end_reason == END_ERROR and record.exception is raised.value
     t = record.timeline

@@ -26,9 +26,9 @@ from otel_llm.capture.install import _is_ours, _layers
 from otel_llm.capture.call import CURRENT_CALL, END_ERROR, CallRequest, LlmCall
 from otel_llm.capture.hooks import Patch
 from otel_llm.parse import routes
-from tests.capture.adapter_fixtures import CHAT, CHAT_PATH, NAME, addrinfo, resolver, sink  # noqa: F401
-from tests.capture.adapter_fixtures import FakeSink as _Sink
-from tests.helpers_servers import ModelServer
+from otel_llm_testing.fake_sink import CHAT, CHAT_PATH, NAME, addrinfo
+from otel_llm_testing.fake_sink import FakeSink as _Sink
+from otel_llm_testing.model_server import ModelServer
 
 
 

@@ -17,8 +17,9 @@ import pytest
 
 import otel_llm
 from otel_llm.instrumentor import OtelLlmInstrumentor
-from tests.conftest import configure_sim, make_otel
-from tests.helpers_servers import clean_env, run_python
+from otel_llm_testing.simulator import configure_sim
+from otel_llm_testing.otel import make_otel
+from otel_llm_testing.subprocesses import clean_env, run_python
 
 HTTP_LIBRARIES = ("aiohttp", "httpx", "httpx2", "httpcore", "httpcore2", "urllib3", "requests")
 

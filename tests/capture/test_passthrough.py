@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import Otel
-from tests.helpers_servers import Plan, PlanServer
+from otel_llm_testing.otel import Otel
+from otel_llm_testing.model_server import Plan, PlanServer
 
 ROUTES = ["/v1/chat/completions", "/api/chat", "/completion", "/generate_stream", "/api/v1/chat", "/v1/messages"]
 CONTENT_TYPES = ["text/event-stream", "application/x-ndjson", "application/json"]

@@ -9,7 +9,7 @@ from otel_llm.capture import call as call_module
 from otel_llm.capture.call import END_EOF
 from otel_llm.capture.record import MARKS, CallRecord, Timeline
 from otel_llm.parse.formats import SSE
-from tests.capture.test_call import CHAT, _open, _Sink
+from otel_llm_testing.fake_sink import CHAT_ROUTE, SeamSink, open_call
 
 
 def test_the_timeline_names_every_mark_once_after_start_epoch_and_end() -> None:
@@ -31,7 +31,7 @@ def test_the_record_lists_what_telemetry_reads() -> None:
 
 
 def test_the_record_of_a_stream_carries_its_statistics_and_events() -> None:
-    call, sink = _open(_Sink(capture_content=True))
+    call, sink = open_call(SeamSink(capture_content=True))
     call.request_started()
     call.request_sent()
     call.response_started(200, {"Content-Type": "text/event-stream", "X-Request-Id": "r1"})
@@ -42,7 +42,7 @@ def test_the_record_of_a_stream_carries_its_statistics_and_events() -> None:
         call.chunk(frame)
     call.finish(END_EOF)
     record, = sink.records
-    assert record.key == call.key and record.route is CHAT and record.status == 200
+    assert record.key == call.key and record.route is CHAT_ROUTE and record.status == 200
     assert record.response_headers == {"content-type": "text/event-stream", "x-request-id": "r1"}
     assert record.body is None and record.captured == b"".join(frames)
     stream = record.stream
@@ -56,7 +56,7 @@ def test_the_record_of_a_stream_carries_its_statistics_and_events() -> None:
 
 
 def test_the_record_is_frozen() -> None:
-    call, sink = _open()
+    call, sink = open_call()
     call.finish(END_EOF)
     record = sink.records[0]
     with pytest.raises(AttributeError):
@@ -68,7 +68,7 @@ def test_the_record_is_frozen() -> None:
 
 def test_the_record_of_an_overflowed_body_has_none(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(call_module, "BODY_LIMIT", 4)
-    call, sink = _open()
+    call, sink = open_call()
     call.response_started(200, {"content-type": "application/json"})
     call.chunk(b"0123456789")
     call.finish(END_EOF)

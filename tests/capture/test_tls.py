@@ -12,8 +12,9 @@ import httpx2
 import pytest
 
 from otel_llm import semconv as sc
-from tests.conftest import TLS_TOKENS, Otel
-from tests.helpers_servers import ModelServer
+from otel_llm_testing.model_server import TLS_TOKENS
+from otel_llm_testing.otel import Otel
+from otel_llm_testing.model_server import ModelServer
 
 NEW_CONNECTION = [sc.SPAN_DNS, sc.SPAN_CONNECT, sc.SPAN_TLS, sc.SPAN_UPLOAD, sc.SPAN_SERVER_WAIT,
                   sc.SPAN_FIRST_TOKEN, sc.SPAN_DECODE]

@@ -211,7 +211,7 @@ def _dead_collector(mode: str) -> Iterator[tuple[str, list[socket.socket]]]:
 
 
 def _run_exporter_down(sim: Any, mode: str) -> dict[str, Any]:
-    from tests.helpers_servers import clean_env
+    from otel_llm_testing.subprocesses import clean_env
 
     _reset_sim(sim)
     hanging = mode == "hanging"
@@ -848,7 +848,7 @@ def _gc_inside_lock_child(sim_url: str) -> None:
     unless the thread deadlocks; never returns normally (a deadlock would leave the collector
     marked as running for the whole process)."""
     from otel_llm.instrumentor import current_telemetry
-    from tests.conftest import make_otel
+    from otel_llm_testing.otel import make_otel
 
     state = make_otel()
     otel_llm.instrument(tracer_provider=state.tracer_provider, meter_provider=state.meter_provider, **NO_PROBES)
@@ -882,7 +882,7 @@ def test_garbage_collection_inside_otel_llm_does_not_deadlock(sim: Any) -> None:
     collector, which may run while the same thread holds InFlight's lock (or a span processor's, or
     a metric aggregation's): finishing needs that lock again and the thread (and every later model
     call, waiting for the lock) hangs. Fault injection: the collector runs inside admit()."""
-    from tests.helpers_servers import clean_env
+    from otel_llm_testing.subprocesses import clean_env
 
     proc = subprocess.run([sys.executable, "-m", "tests.capture.test_torture", "gc-inside-lock", sim.base_url],
                           cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=60)
@@ -1084,7 +1084,7 @@ def _covered(start: float, end: float, toggles: list[tuple[float, float, bool]])
 
 def test_toggling_instrumentation_while_calling(sim: Any) -> None:
     from otel_llm.capture.install import _is_ours, _layers
-    from tests.conftest import make_otel
+    from otel_llm_testing.otel import make_otel
 
     assert not otel_llm.is_instrumented()
     reset_log_once()
@@ -1205,7 +1205,7 @@ def test_active_requests_metric_survives_reinstrumentation(sim: Any) -> None:
     uninstrument()/instrument() cycle on the same meter provider (the SDK returns the first
     registration of an observable instrument and ignores the new callback)."""
     from otel_llm.instrumentor import current_telemetry
-    from tests.conftest import make_otel
+    from otel_llm_testing.otel import make_otel
 
     assert not otel_llm.is_instrumented()
     state = make_otel()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import socket
 import ssl
 import threading
 from collections.abc import Iterator
@@ -21,9 +20,11 @@ import urllib3
 import otel_llm
 from otel_llm import semconv as sc
 from otel_llm.capture.hooks import flush_collected
-from tests.clients import TRANSPORT_PHASES
-from tests.conftest import Otel, configure_sim, make_otel
-from tests.helpers_servers import ModelServer
+from otel_llm_testing.clients import TRANSPORT_PHASES
+from otel_llm_testing.otel import Otel, make_otel
+from otel_llm_testing.simulator import configure_sim
+from otel_llm_testing.model_server import ModelServer
+from otel_llm_testing.net import free_port
 
 # the tests marked timing measure durations or need two calls to overlap, on a shared 2-core machine
 
@@ -293,11 +294,6 @@ def test_requests_early_close_and_garbage(sim, otel: Otel) -> None:
     assert (call.end_time - call.start_time) / 1e9 < 0.4
 
 
-def _refused_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 @pytest.mark.parametrize("client", ["aiohttp", "requests"])
 def test_errors_end_the_call(sim, otel: Otel, client: str) -> None:
@@ -323,7 +319,7 @@ def test_errors_end_the_call(sim, otel: Otel, client: str) -> None:
 
         return _aio(run())
 
-    assert call(f"http://127.0.0.1:{_refused_port()}/v1/chat/completions") != "200"
+    assert call(f"http://127.0.0.1:{free_port()}/v1/chat/completions") != "200"
     refused = _only(otel)
     assert refused.attributes[sc.LLM_CLIENT_END_REASON] == "error"
     assert not refused.status.is_ok and _names(otel, refused)[-1] == sc.SPAN_CONNECT

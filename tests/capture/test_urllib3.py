@@ -27,12 +27,11 @@ from otel_llm.capture.call import (
 from otel_llm.capture.hooks import flush_collected
 from otel_llm.capture.record import TlsInfo
 from otel_llm.parse import routes
-from tests.conftest import configure_sim
-from tests.capture.adapter_fixtures import (  # noqa: F401 (fixtures)
-    CHAT, CHAT_PATH, MARK, NAME, STREAM, model_server, resolver, sink,
-)
-from tests.capture.adapter_fixtures import FakeSink as _Sink
-from tests.helpers_servers import ModelServer, Plan, PlanServer
+from otel_llm_testing.simulator import configure_sim
+from otel_llm_testing.fake_sink import CHAT, CHAT_PATH, MARK, NAME, STREAM
+from otel_llm_testing.fake_sink import FakeSink as _Sink
+from otel_llm_testing.model_server import ModelServer, Plan, PlanServer
+from otel_llm_testing.net import free_port
 
 SSE = [b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n', b'data: {"choices":[{"delta":{"content":"b"}}]}\n\n',
        b"data: [DONE]\n\n"]
@@ -81,11 +80,6 @@ def _serve_once(answer: bytes) -> int:
     threading.Thread(target=serve, name="serve-once", daemon=True).start()
     return int(server.getsockname()[1])
 
-
-def _refused_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # -- helpers -------------------------------------------------------------------------------------
@@ -308,7 +302,7 @@ def test_a_body_cut_short_ends_the_call_with_the_applications_error(sim: Any, si
 
 
 def test_retries_inside_urlopen_belong_to_one_call(sink: _Sink) -> None:
-    pool = urllib3.HTTPConnectionPool("127.0.0.1", _refused_port(), retries=Retry(connect=2, backoff_factor=0))
+    pool = urllib3.HTTPConnectionPool("127.0.0.1", free_port(), retries=Retry(connect=2, backoff_factor=0))
     with pytest.raises(urllib3.exceptions.MaxRetryError) as raised:
         pool.urlopen("POST", CHAT_PATH, body=b"{}")
     assert len(sink.started) == 1 and sink.paths == [CHAT_PATH]  # three attempts, one path check

@@ -14,7 +14,7 @@ import pytest
 
 from otel_llm.tools.bench import knee
 from otel_llm_testing.llama_server import LlamaServer
-from tests.helpers_servers import clean_env
+from otel_llm_testing.subprocesses import clean_env
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.runtime]
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from otel_llm_testing.vllm import VllmServer
-from tests.helpers_servers import clean_env
+from otel_llm_testing.subprocesses import clean_env
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.runtime]
 

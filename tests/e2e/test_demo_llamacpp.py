@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from otel_llm.export.jsonl import read_jsonl
-from tests.helpers_servers import OtlpHttpCollector
+from otel_llm_testing.collectors import OtlpHttpCollector
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "examples" / "demo.py"

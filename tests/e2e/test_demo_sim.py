@@ -30,7 +30,8 @@ def test_demo_traces_and_draws_four_calls(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_demo_with_an_otlp_endpoint_sends_there_and_still_draws(tmp_path: Path) -> None:
-    from tests.helpers_servers import OtlpHttpCollector, clean_env
+    from otel_llm_testing.collectors import OtlpHttpCollector
+    from otel_llm_testing.subprocesses import clean_env
 
     with OtlpHttpCollector() as collector:
         env = clean_env(OTEL_EXPORTER_OTLP_ENDPOINT=collector.endpoint)

@@ -17,7 +17,8 @@ from otel_llm import semconv as sc
 from otel_llm.export.jsonl import read_jsonl
 from otel_llm.tools.gateway.process import GatewayProcess
 from otel_llm.tools.sim import SimProcess
-from tests.helpers_servers import VENV_BIN, OtlpHttpCollector, Received, attributes_of, clean_env, walk_strings
+from otel_llm_testing.subprocesses import VENV_BIN, clean_env
+from otel_llm_testing.collectors import OtlpHttpCollector, Received, attributes_of, walk_strings
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 MODEL = "sim-llama"

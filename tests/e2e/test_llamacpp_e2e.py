@@ -16,7 +16,7 @@ import pytest
 
 from otel_llm import semconv as sc
 from otel_llm_testing import LlamaServer
-from tests.conftest import Otel
+from otel_llm_testing.otel import Otel
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.runtime]
 
@@ -173,7 +173,7 @@ def test_one_trace_through_the_gateway_to_llama_server(server: LlamaServer, otel
     """openai client -> otel-llm gateway -> llama-server: one tree, with llama.cpp's own timings
     on the gateway's upstream call."""
     from otel_llm.tools.gateway.process import GatewayProcess
-    from tests.helpers_servers import OtlpHttpCollector, attributes_of
+    from otel_llm_testing.collectors import OtlpHttpCollector, attributes_of
 
     env = {"OTEL_LLM_HOST_METRICS": "false", "OTEL_LLM_RUNTIME_METRICS": "false",
            "OTEL_LLM_TRACES_FILE": str(tmp_path / "unused.jsonl")}

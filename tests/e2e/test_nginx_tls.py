@@ -25,8 +25,10 @@ from otel_llm import semconv as sc
 from otel_llm.tools.gateway.process import GatewayProcess
 from otel_llm_testing import LlamaServer
 from otel_llm_testing.nginx import SHIPPED_CONF, NginxProxy
-from tests.conftest import Otel
-from tests.helpers_servers import OtlpHttpCollector, attributes_of, clean_env, wait_for
+from otel_llm_testing.otel import Otel
+from otel_llm_testing.collectors import OtlpHttpCollector, attributes_of
+from otel_llm_testing.subprocesses import clean_env
+from otel_llm_testing.net import wait_for
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.runtime, pytest.mark.backend]
 
@@ -209,7 +211,7 @@ def test_diagnose_names_buffering_and_the_slower_path_only_where_they_are(
     """Direct, the gateway, nginx+TLS as shipped, nginx holding the stream, and nginx reaching the
     gateway over a link with 100 ms each way: buffering is named on the one, network_path on the
     other, and nothing of either on the three healthy paths."""
-    from otel_llm.tools.diagnose.lab import DelayingProxy
+    from otel_llm_testing.lab import DelayingProxy
 
     host, port = gateway.url.removeprefix("http://").split(":")
     delayed_link = DelayingProxy(host, int(port), 0.1).start()

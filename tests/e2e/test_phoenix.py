@@ -18,7 +18,7 @@ import pytest
 from otel_llm import semconv as sc
 from otel_llm.tools.sim import SimProcess
 from otel_llm_testing.phoenix import PhoenixServer
-from tests.helpers_servers import clean_env, run_python
+from otel_llm_testing.subprocesses import clean_env, run_python
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.backend]
 
@@ -181,7 +181,7 @@ def test_page_phoenix_commands(upstream: SimProcess, tmp_path: Path) -> None:
 
     page = (Path(__file__).resolve().parents[2] / "docs" / "backends.md").read_text()
     assert PAGE_SERVE in page and PAGE_SEND in page
-    from otel_llm_testing.llama_server import free_port
+    from otel_llm_testing.net import free_port
 
     port, grpc_port = free_port(), free_port()
     env = clean_env()

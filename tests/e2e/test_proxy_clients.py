@@ -11,7 +11,7 @@ each client got is the text the proxy saw, and the stream is framed as when call
 (llama.cpp's text itself may differ from one call to the next, even at temperature 0).
 
 Everything is real: the clients' own processes, the proxy (the CLI), the simulator and
-llama-server. Node.js, the npm package and Go are installed on first use (``tests/other_clients.py``).
+llama-server. Node.js, the npm package and Go are installed on first use (``otel_llm_testing/other_clients.py``).
 """
 
 from __future__ import annotations
@@ -30,11 +30,9 @@ from otel_llm import semconv as sc
 from otel_llm.tools.sim import SimProcess
 from otel_llm.tools.sim.formats.base import piece
 from otel_llm_testing import LlamaServer
-from tests.conftest import raw_timeline
-from tests.other_clients import (GO_USER_AGENT, OPENAI_JS_USER_AGENT, go_client, node_openai, run_go,
-                                 run_node)
-from tests.tools.test_proxy import (CHAT, KIND_CLIENT, KIND_SERVER, Proxy, children, events, framing, skeleton,
-                                   text_of)
+from otel_llm_testing.simulator import raw_timeline
+from otel_llm_testing.other_clients import GO_USER_AGENT, OPENAI_JS_USER_AGENT, go_client, node_openai, run_go, run_node
+from otel_llm_testing.proxy import CHAT, KIND_CLIENT, KIND_SERVER, Proxy, children, events, framing, skeleton, text_of
 
 pytestmark = [pytest.mark.backend, pytest.mark.slow, pytest.mark.timeout(900)]
 

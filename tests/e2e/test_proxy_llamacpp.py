@@ -12,7 +12,7 @@ import pytest
 
 from otel_llm import semconv as sc
 from otel_llm_testing import LlamaServer
-from tests.tools.test_proxy import CHAT, KIND_CLIENT, KIND_SERVER, Proxy, children, curl, events, framing, text_of
+from otel_llm_testing.proxy import CHAT, KIND_CLIENT, KIND_SERVER, Proxy, children, curl, events, framing, text_of
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.runtime, pytest.mark.slow]
 

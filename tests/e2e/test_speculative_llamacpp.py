@@ -16,7 +16,7 @@ import pytest
 from otel_llm import semconv as sc
 from otel_llm.export.jsonl import read_jsonl
 from otel_llm_testing.llama_server import LlamaServer
-from tests.helpers_servers import clean_env
+from otel_llm_testing.subprocesses import clean_env
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.runtime, pytest.mark.slow]
 

@@ -25,7 +25,7 @@ import pytest
 import otel_llm
 from otel_llm import semconv as sc
 from otel_llm.export.jsonl import read_jsonl
-from tests.helpers_servers import clean_env
+from otel_llm_testing.subprocesses import clean_env
 from otel_llm_testing import markers
 
 CACHE = Path.home() / ".cache" / "otel-llm" / "third-party"

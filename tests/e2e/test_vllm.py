@@ -30,11 +30,11 @@ from otel_llm import semconv as sc
 from otel_llm.tools.gateway.process import GatewayProcess
 from otel_llm_testing.phoenix import PhoenixServer
 from otel_llm_testing.vllm import VllmServer
-from tests.conftest import Otel, make_otel
+from otel_llm_testing.otel import Otel, make_otel
 from otel_llm.tools.view import group_calls, render_calls
 from otel_llm.export.jsonl import read_jsonl
-from tests.helpers_servers import OtlpHttpCollector, clean_env, run_python
-from tests.export.test_prometheus import prometheus_binary  # noqa: F401 - the fixture (installs Prometheus)
+from otel_llm_testing.collectors import OtlpHttpCollector
+from otel_llm_testing.subprocesses import clean_env, run_python
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.runtime, pytest.mark.backend]
 
@@ -484,7 +484,7 @@ def test_page_serve_command_traces_into_phoenix(phoenix: PhoenixServer, tmp_path
     import subprocess
     import sys
 
-    from otel_llm_testing.llama_server import free_port
+    from otel_llm_testing.net import free_port
 
     port = free_port()
     args = PAGE_SERVE.replace("http://127.0.0.1:6006", phoenix.otlp_http_endpoint).split()[1:]
@@ -522,7 +522,7 @@ def test_fixture_recorder_against_the_real_vllm(vllm: VllmServer, tmp_path: Path
     import sys
 
     from otel_llm.parse import routes as r
-    from tests.parse.test_runtimes_common import split_events, window
+    from otel_llm_testing.runtime_fixtures import split_events, window
     from otel_llm.parse.response import parse_body, parse_events
     from otel_llm.parse.runtimes import runtime_counters
     from otel_llm.observers.runtime_state import _normalize, _samples, _names_in
@@ -592,8 +592,9 @@ def test_dashboard_runtime_panels_show_the_real_vllm(vllm: VllmServer, prometheu
     import subprocess
     import sys
 
-    from tests.project.test_dashboards import metric_names, queries, substitute
-    from tests.export.test_prometheus import LOOPBACK, Prometheus, finite_values, free_port, wait_until
+    from otel_llm_testing.dashboards import metric_names, queries, substitute
+    from otel_llm_testing.net import LOOPBACK, free_port
+    from otel_llm_testing.prometheus import Prometheus, finite_values, wait_until
 
     runtime_panels = [q for q in queries() if metric_names(q.expr) & {
         "llm_runtime_requests_running", "llm_runtime_requests_waiting", "llm_runtime_kv_cache_usage"}]

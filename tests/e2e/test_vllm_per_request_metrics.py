@@ -23,8 +23,8 @@ import pytest
 import otel_llm
 from otel_llm import semconv as sc
 from otel_llm_testing.vllm import VllmServer
-from tests.conftest import Otel, make_otel
-from tests.helpers_servers import OtlpHttpCollector, attributes_of
+from otel_llm_testing.otel import Otel, make_otel
+from otel_llm_testing.collectors import OtlpHttpCollector, attributes_of
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.runtime, pytest.mark.slow]
 
@@ -148,7 +148,7 @@ def test_diagnose_records_vllms_own_figures(vllm: VllmServer, tmp_path: Any) -> 
     import subprocess
     import sys
 
-    from tests.helpers_servers import clean_env
+    from otel_llm_testing.subprocesses import clean_env
 
     done = subprocess.run([sys.executable, "-m", "otel_llm.tools.main", "diagnose", vllm.base_url, "--model", MODEL,
                            "--quick", "--json", "diagnose.json"], capture_output=True, text=True, timeout=600,

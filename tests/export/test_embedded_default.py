@@ -14,8 +14,8 @@ import pytest
 
 from otel_llm import semconv as sc
 from otel_llm.export.jsonl import read_jsonl
-from tests.conftest import configure_sim
-from tests.helpers_servers import VENV_BIN, clean_env, run_python
+from otel_llm_testing.simulator import configure_sim
+from otel_llm_testing.subprocesses import VENV_BIN, clean_env, run_python
 
 DEFAULT_FILE = "otel-llm-traces.jsonl"
 NON_STREAMED = [sc.SPAN_UPLOAD, sc.SPAN_SERVER_WAIT, sc.SPAN_DOWNLOAD]

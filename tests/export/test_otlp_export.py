@@ -14,10 +14,10 @@ from opentelemetry import trace
 import otel_llm
 from otel_llm import semconv as sc
 from otel_llm._log import reset_log_once
-from tests.conftest import configure_sim
-from tests.helpers_servers import (
-    OtlpGrpcCollector, OtlpHttpCollector, Received, attributes_of, clean_env, run_python, wait_for,
-)
+from otel_llm_testing.simulator import configure_sim
+from otel_llm_testing.collectors import OtlpGrpcCollector, OtlpHttpCollector, Received, attributes_of
+from otel_llm_testing.subprocesses import clean_env, run_python
+from otel_llm_testing.net import wait_for
 
 STREAMED_PHASES = [sc.SPAN_CONNECT, sc.SPAN_UPLOAD, sc.SPAN_SERVER_WAIT, sc.SPAN_FIRST_TOKEN, sc.SPAN_DECODE]
 KIND_CLIENT, KIND_INTERNAL = 3, 1  # OTLP numbering

@@ -7,17 +7,12 @@ The ``Prometheus`` helper and the ``prometheus_binary`` fixture are shared with 
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import os
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,137 +27,12 @@ import otel_llm
 from otel_llm._log import reset_log_once
 from otel_llm.config import resolve
 from otel_llm.export import providers as prov
-from otel_llm_testing import markers
-from tests.helpers_servers import OtlpHttpCollector, clean_env, wait_for
+from otel_llm_testing.collectors import OtlpHttpCollector
+from otel_llm_testing.subprocesses import clean_env
+from otel_llm_testing.net import free_port
+from otel_llm_testing.prometheus import Prometheus, finite_values, wait_until
 
-PROMETHEUS = "/usr/bin/prometheus"
 LOOPBACK = "127.0.0.1"
-
-
-# --- a real Prometheus ------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind((LOOPBACK, 0))
-        return int(probe.getsockname()[1])
-
-
-@pytest.fixture(scope="session")
-def prometheus_binary() -> str:
-    """Debian's prometheus (2.42 here), installed when missing (as root, like chromium for the
-    HTML report test); never skipped."""
-    markers.need("backend", "Prometheus")
-    if not os.path.exists(PROMETHEUS):
-        started = time.monotonic()
-        logs = []
-        for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", "prometheus"]):
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                                  env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
-            logs.append(f"$ {' '.join(cmd)} -> {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
-            if proc.returncode != 0:
-                pytest.fail("installing prometheus failed:\n" + "\n".join(logs))
-        print(f"installed prometheus in {time.monotonic() - started:.1f}s")
-    assert os.path.exists(PROMETHEUS), shutil.which("prometheus")
-    return PROMETHEUS
-
-
-class Prometheus:
-    """``prometheus`` on 127.0.0.1 scraping ``targets`` (job name -> host:port) every second,
-    with its data in a temporary directory; a context manager."""
-
-    def __init__(self, binary: str, targets: dict[str, str]) -> None:
-        self.binary = binary
-        self.targets = targets
-        self.port = free_port()
-        self.url = f"http://{LOOPBACK}:{self.port}"
-        self._dir = Path(tempfile.mkdtemp(prefix="otel-llm-prometheus-"))
-        self._proc: subprocess.Popen[bytes] | None = None
-        self.log_path = self._dir / "prometheus.log"
-
-    def config(self) -> dict[str, Any]:
-        return {"global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
-                "scrape_configs": [{"job_name": job, "static_configs": [{"targets": [target]}]}
-                                   for job, target in self.targets.items()]}
-
-    def start(self) -> Prometheus:
-        """Start without waiting (see ``wait_ready``): it loads while the rest starts."""
-        config = self._dir / "prometheus.yml"
-        config.write_text(json.dumps(self.config(), indent=2))  # JSON is YAML
-        with open(self.log_path, "wb") as log:
-            self._proc = subprocess.Popen(
-                [self.binary, f"--config.file={config}", f"--web.listen-address={LOOPBACK}:{self.port}",
-                 f"--storage.tsdb.path={self._dir / 'data'}", "--storage.tsdb.retention.time=1h",
-                 "--log.level=warn"],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
-        return self
-
-    def wait_ready(self, timeout: float = 30.0) -> None:
-        def ready() -> bool:
-            assert self._proc is not None
-            if self._proc.poll() is not None:
-                raise AssertionError(f"prometheus exited with {self._proc.returncode}:\n{self.log()}")
-            try:
-                return httpx.get(f"{self.url}/-/ready", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        assert wait_for(ready, timeout), f"prometheus not ready after {timeout} s:\n{self.log()}"
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def api(self, path: str, **params: Any) -> Any:
-        response = httpx.get(f"{self.url}/api/v1/{path}", params=params, timeout=10)
-        body = response.json()
-        assert body.get("status") == "success", (path, params, body)
-        return body["data"]
-
-    def query(self, expr: str) -> list[dict[str, Any]]:
-        """The instant vector (or scalar, as one sample) that ``expr`` evaluates to now."""
-        data = self.api("query", query=expr)
-        if data["resultType"] == "vector":
-            return list(data["result"])
-        if data["resultType"] == "scalar":
-            return [{"metric": {}, "value": data["result"]}]
-        raise AssertionError(f"{expr}: unexpected result type {data['resultType']}")
-
-    def metric_names(self) -> set[str]:
-        return set(self.api("label/__name__/values"))
-
-    def up(self) -> dict[str, float]:
-        return {s["metric"]["job"]: float(s["value"][1]) for s in self.query("up")}
-
-    def stop(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        shutil.rmtree(self._dir, ignore_errors=True)
-
-    def __enter__(self) -> Prometheus:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-def finite_values(samples: list[dict[str, Any]]) -> list[float]:
-    return [v for v in (float(s["value"][1]) for s in samples) if math.isfinite(v)]
-
-
-def wait_until(check: Callable[[], Any], timeout: float, interval: float = 0.5) -> Any:
-    """The first truthy ``check()`` within ``timeout`` seconds, else the last answer."""
-    deadline = time.monotonic() + timeout
-    while True:
-        answer = check()
-        if answer or time.monotonic() > deadline:
-            return answer
-        time.sleep(interval)
 
 
 # --- options and the endpoint, in this process ---------------------------------------------------
@@ -255,7 +125,7 @@ def test_readers_follow_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_application_providers_are_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     """An application with its own providers adds a PrometheusMetricReader itself: otel_llm
     neither adds one nor opens a port."""
-    from tests.conftest import make_otel
+    from otel_llm_testing.otel import make_otel
 
     monkeypatch.setenv("OTEL_METRICS_EXPORTER", "prometheus")
     monkeypatch.setenv("OTEL_EXPORTER_PROMETHEUS_PORT", str(free_port()))

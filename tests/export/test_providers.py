@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,7 +33,8 @@ from otel_llm.config import Options
 from otel_llm.export import providers as prov
 from otel_llm.export.jsonl import JsonLinesSpanExporter
 from otel_llm.export.summary import SummarySpanProcessor
-from tests.conftest import make_otel
+from otel_llm_testing.otel import make_otel
+from otel_llm_testing.net import free_port
 
 _ENV = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
         "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
@@ -54,9 +54,7 @@ def bare_process(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def closed_endpoint() -> str:
     """http://127.0.0.1:PORT where nothing listens."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     return f"http://127.0.0.1:{port}"
 
 

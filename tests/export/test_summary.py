@@ -16,7 +16,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from otel_llm import semconv as sc
 from otel_llm.export.summary import SUMMARY_LOGGER, SummarySpanProcessor, format_summary
-from tests.helpers_servers import clean_env, run_python
+from otel_llm_testing.subprocesses import clean_env, run_python
 
 FULL: dict[str, Any] = {
     sc.GEN_AI_OPERATION_NAME: "chat",

@@ -12,8 +12,8 @@ from typing import Any
 from otel_llm import semconv as sc
 from otel_llm.export.jsonl import read_jsonl
 from otel_llm.instrumentor import OtelLlmInstrumentor
-from tests.conftest import configure_sim
-from tests.helpers_servers import VENV_BIN, clean_env
+from otel_llm_testing.simulator import configure_sim
+from otel_llm_testing.subprocesses import VENV_BIN, clean_env
 
 APP = """
 import sys

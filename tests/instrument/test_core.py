@@ -16,7 +16,7 @@ from otel_llm._log import reset_log_once
 from otel_llm.capture.call import END_EXIT, CallRequest, LlmCall, open_calls
 from otel_llm.parse import routes
 from otel_llm.telemetry.calls import Telemetry
-from tests.conftest import Otel, make_otel
+from otel_llm_testing.otel import Otel, make_otel
 
 QUIET: dict[str, Any] = {"host_metrics": False, "gpu_metrics": False, "runtime_metrics": False}
 CHAT = routes.Route(routes.API_OPENAI_CHAT, routes.OP_CHAT, None)

@@ -12,7 +12,7 @@ import otel_llm
 from otel_llm import _core
 from otel_llm.instrumentor import OtelLlmInstrumentor, current_telemetry
 from otel_llm.package import _instruments
-from tests.conftest import Otel, make_otel
+from otel_llm_testing.otel import Otel, make_otel
 
 QUIET: dict[str, Any] = {"host_metrics": False, "gpu_metrics": False, "runtime_metrics": False}
 

@@ -9,7 +9,9 @@ import httpx
 import pytest
 
 from otel_llm import semconv as sc
-from tests.conftest import Otel, configure_sim
+from otel_llm_testing.otel import Otel
+from otel_llm_testing.simulator import configure_sim
+from otel_llm_testing.net import free_port
 
 BODY = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
 
@@ -102,11 +104,7 @@ def test_http_error_status(sim, otel: Otel) -> None:
 
 
 def test_connection_refused(otel: Otel) -> None:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     with httpx.Client() as client, pytest.raises(httpx.ConnectError):
         client.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=BODY)
     call, kids = otel.one_call()

@@ -12,7 +12,7 @@ from otel_llm import semconv as sc
 from otel_llm._log import reset_log_once
 from otel_llm.capture.call import END_EXIT, CallRequest, LlmCall, open_calls
 from otel_llm.parse import routes
-from tests.conftest import Otel, make_otel
+from otel_llm_testing.otel import Otel, make_otel
 
 CHAT = routes.Route(routes.API_OPENAI_CHAT, routes.OP_CHAT, None)
 QUIET = {"console_summary": False, "host_metrics": False, "gpu_metrics": False, "runtime_metrics": False}

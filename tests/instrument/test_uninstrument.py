@@ -16,8 +16,9 @@ import pytest
 import otel_llm
 from otel_llm import semconv as sc
 from otel_llm._log import reset_log_once
-from tests.conftest import Otel, make_otel, sim_stats
-from tests.helpers_servers import ModelServer
+from otel_llm_testing.otel import Otel, make_otel
+from otel_llm_testing.simulator import sim_stats
+from otel_llm_testing.model_server import ModelServer
 
 # (owner class, attribute) of every hook otel_llm installs
 HOOKS: list[tuple[type, str]] = [

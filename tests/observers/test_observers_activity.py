@@ -16,7 +16,8 @@ from otel_llm.observers.registry import ServerRegistry
 from otel_llm.observers.runtime_state import MAX_FAILURES, RuntimeStateObserver
 from otel_llm.observers.host_samples import HostSampler
 
-from tests.observers.test_observers_runtime_state import LOOPBACK, FakeRuntime, _text, fake  # noqa: F401 (fixture)
+from otel_llm_testing.fake_runtime import FakeRuntime, observer_fixture
+from otel_llm_testing.net import LOOPBACK
 
 
 def _wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> bool:
@@ -77,12 +78,12 @@ def test_sampler_stops_while_resting() -> None:
     assert thread is not None and not thread.is_alive() and time.monotonic() - started < 2
 
 
-def test_runtime_poller_slows_while_idle_and_polls_at_the_next_call(fake: FakeRuntime,  # noqa: F811
+def test_runtime_poller_slows_while_idle_and_polls_at_the_next_call(fake: FakeRuntime,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     from opentelemetry.sdk.metrics import MeterProvider
 
     monkeypatch.setattr(runtime_state, "IDLE_INTERVAL", 2.0)
-    fake.serve("/metrics", _text("tgi_metrics.txt"))
+    fake.serve("/metrics", observer_fixture("tgi_metrics.txt"))
     registry = ServerRegistry()
     registry.note(LOOPBACK, fake.port, "tgi")
     activity = Activity(idle_after=0.3)
@@ -101,7 +102,7 @@ def test_runtime_poller_slows_while_idle_and_polls_at_the_next_call(fake: FakeRu
         observer.stop()
 
 
-def test_runtime_poller_sleeps_once_every_endpoint_has_stopped(fake: FakeRuntime) -> None:  # noqa: F811
+def test_runtime_poller_sleeps_once_every_endpoint_has_stopped(fake: FakeRuntime) -> None:
     """A server without /metrics stops being polled after MAX_FAILURES polls: the poller then has
     nothing to do and does not wake every interval; a newly noted server wakes it."""
     from opentelemetry.sdk.metrics import MeterProvider

@@ -13,7 +13,7 @@ import pytest
 import otel_llm
 from otel_llm import semconv as sc
 from otel_llm_testing import LlamaServer
-from tests.conftest import Otel, make_otel
+from otel_llm_testing.otel import Otel, make_otel
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.runtime]
 
@@ -107,7 +107,7 @@ def test_memory_pressure_during_a_call_shows_on_that_call(sim) -> None:
 
     import httpx
 
-    from tests.conftest import configure_sim
+    from otel_llm_testing.simulator import configure_sim
 
     configure_sim(sim, first_token_delay=0.0, token_interval=0.1, tokens=25)  # a 2.5 s stream
     state = make_otel()
@@ -191,7 +191,7 @@ def test_ollama_partial_offload_and_context_on_the_call(sim, tmp_path) -> None:
 
     from otel_llm.tools.view import render_calls
     from otel_llm.export.jsonl import JsonLinesSpanExporter, read_jsonl
-    from tests.conftest import configure_sim
+    from otel_llm_testing.simulator import configure_sim
 
     configure_sim(sim, runtime="ollama", vram_share=0.5, tokens=4, first_token_delay=0.0)
     state = make_otel()
@@ -228,7 +228,7 @@ def test_lmstudio_models_listing_on_the_call(sim) -> None:
     loaded model) and the calls carry its context length and quantization."""
     import httpx
 
-    from tests.conftest import configure_sim
+    from otel_llm_testing.simulator import configure_sim
 
     configure_sim(sim, runtime="lmstudio", tokens=4, first_token_delay=0.0)
     state = make_otel()

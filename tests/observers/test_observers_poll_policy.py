@@ -21,9 +21,10 @@ from otel_llm.observers.poll_policy import POLL_ALL, POLL_CONFIGURED, POLL_LOCAL
 from otel_llm.observers.processes import listening_runtimes
 from otel_llm.observers.registry import ServerRegistry
 from otel_llm.observers.runtime_state import MAX_FAILURES, RuntimeStateObserver
-from tests.conftest import make_otel
-from tests.helpers_servers import LOOPBACK, ModelServer, wait_for
-from tests.observers.test_observers_runtime_state import FakeRuntime, _text, fake  # noqa: F401 (fixture)
+from otel_llm_testing.otel import make_otel
+from otel_llm_testing.net import LOOPBACK, wait_for
+from otel_llm_testing.model_server import ModelServer
+from otel_llm_testing.fake_runtime import FakeRuntime, observer_fixture
 
 # A stand-in runtime in its own process: answers /metrics like llama-server and /api/ps like
 # Ollama (with the status given), and appends the path of every request it receives to a file.
@@ -65,7 +66,7 @@ class OtherProcess:
         script = tmp_path / "fake_runtime.py"
         script.write_text(_FAKE)
         metrics = tmp_path / "metrics.txt"
-        metrics.write_text(_text("vllm_legacy_metrics.txt").replace("vllm:num_requests_running",
+        metrics.write_text(observer_fixture("vllm_legacy_metrics.txt").replace("vllm:num_requests_running",
                                                                     "llamacpp:requests_processing"))
         executable = tmp_path / name
         if not executable.exists():
@@ -112,7 +113,7 @@ def _run_for(observer: RuntimeStateObserver, seconds: float) -> None:
 
 # --- identification from /proc ---------------------------------------------------------------------
 def test_listeners_identified_from_proc(llama_server_process: OtherProcess, plain_process: OtherProcess,
-                                        fake: FakeRuntime) -> None:  # noqa: F811
+                                        fake: FakeRuntime) -> None:
     found = listening_runtimes({llama_server_process.port, plain_process.port, fake.port})
     assert found[llama_server_process.port].runtime == "llama.cpp"
     assert found[plain_process.port].runtime is None  # a process, but not a known runtime
@@ -121,7 +122,7 @@ def test_listeners_identified_from_proc(llama_server_process: OtherProcess, plai
 
 
 # --- the default: local ----------------------------------------------------------------------------
-def test_route_implied_runtime_is_not_enough(fake: FakeRuntime, caplog: pytest.LogCaptureFixture) -> None:  # noqa: F811
+def test_route_implied_runtime_is_not_enough(fake: FakeRuntime, caplog: pytest.LogCaptureFixture) -> None:
     """A test server in the application's own process, called on /api/chat: never polled."""
     caplog.set_level(logging.INFO, logger="otel_llm")
     fake.serve("/api/ps", '{"models": []}', content_type="application/json")
@@ -197,8 +198,8 @@ def test_restarted_runtime_is_polled_afresh(tmp_path: Path, monkeypatch: pytest.
 
 
 def test_configured_mode_polls_only_named_servers(llama_server_process: OtherProcess,
-                                                  fake: FakeRuntime) -> None:  # noqa: F811
-    fake.serve("/metrics", _text("tgi_metrics.txt"))
+                                                  fake: FakeRuntime) -> None:
+    fake.serve("/metrics", observer_fixture("tgi_metrics.txt"))
     registry = ServerRegistry()
     registry.note(LOOPBACK, llama_server_process.port, "llama.cpp")
     registry.configure(LOOPBACK, fake.port, "tgi")  # named: polled even in this process

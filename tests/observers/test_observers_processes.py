@@ -23,6 +23,7 @@ import pytest
 from otel_llm.observers import processes, sockets
 from otel_llm.observers.processes import Listener, RuntimeProcesses, listening_runtimes, runtime_for_name
 from otel_llm.observers.registry import ServerRegistry
+from otel_llm_testing.net import free_port
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -132,11 +133,6 @@ def _wait_for(condition: Callable[[], object], timeout: float = 5.0) -> None:
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.02)
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return int(s.getsockname()[1])
 
 
 def _found(finder: RuntimeProcesses, fresh: bool = False) -> dict[int, str | None]:
@@ -259,7 +255,7 @@ def test_a_noted_port_nobody_listens_on_falls_back_to_names(
         dummy: Callable[[str], subprocess.Popen[bytes]]) -> None:
     runtime = dummy("llama-server")
     registry = ServerRegistry()
-    registry.note(LOOPBACK, _free_port(), "vllm")
+    registry.note(LOOPBACK, free_port(), "vllm")
     found = _found(RuntimeProcesses(registry))
     assert found[runtime.pid] == "llama.cpp"  # what its name says, not what the registry said
     assert os.getpid() not in found
@@ -395,7 +391,7 @@ def test_listening_runtimes_names_each_port_s_owner(listen: Callable[..., Listen
     own = socket.socket()
     own.bind((LOOPBACK, 0))
     own.listen()
-    nobody = _free_port()
+    nobody = free_port()
     try:
         found = listening_runtimes({vllm.port, other.port, own.getsockname()[1], nobody})
         owners = {port: (listener.runtime, [p.pid for p in listener.processes]) for port, listener in found.items()}

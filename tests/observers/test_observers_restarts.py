@@ -32,7 +32,8 @@ from otel_llm.observers.oom import OomWatch, dmesg_victim, oom_victim
 from otel_llm.observers.registry import ServerRegistry
 from otel_llm.observers.restarts import RESCAN, RestartWatch
 from otel_llm.observers.host_samples import HostSampler
-from tests.conftest import make_otel
+from otel_llm_testing.otel import make_otel
+from otel_llm_testing.net import free_port
 
 LINUX = sys.platform.startswith("linux")
 
@@ -131,11 +132,6 @@ def _wait_for(condition: Any, timeout: float = 10.0) -> None:
         time.sleep(0.01)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 class _Clock:
     def __init__(self) -> None:
@@ -161,7 +157,7 @@ def watch() -> Iterator[tuple[RestartWatch, ServerRegistry, InMemoryMetricReader
 def test_a_server_that_disappears_then_comes_back(watch: Any, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="otel_llm")
     restarts, registry, reader, clock = watch
-    port = _free_port()
+    port = free_port()
     registry.note("127.0.0.1", port, None)
     registry.note("localhost", port, None)  # the same listener under another name: counted once
     registry.note("203.0.113.9", port, None)  # not on this host: never looked at

@@ -11,7 +11,6 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -26,73 +25,11 @@ from otel_llm.observers.poll_policy import POLL_ALL, PollPolicy
 from otel_llm.observers.registry import ServerRegistry
 from otel_llm.observers.runtime_state import MAX_FAILURES, RuntimeStateObserver, otel_name
 from otel_llm_testing import LlamaServer
-from tests.conftest import make_otel
+from otel_llm_testing.fake_runtime import FakeRuntime, observer_fixture
+from otel_llm_testing.otel import make_otel
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "observers"
 LOOPBACK = "127.0.0.1"
-
-
-# --- a loopback server answering canned bodies ---------------------------------------------------
-@dataclass
-class Canned:
-    status: int = 200
-    body: bytes = b""
-    content_type: str = "text/plain; version=0.0.4"
-
-
-@dataclass
-class FakeRuntime:
-    """Answers GET <path> with ``routes[path]`` (404 otherwise) and counts requests per path."""
-
-    routes: dict[str, Canned] = field(default_factory=dict)
-    hits: dict[str, int] = field(default_factory=dict)
-    port: int = 0
-
-    def serve(self, path: str, body: str | bytes, status: int = 200,
-              content_type: str = "text/plain; version=0.0.4") -> None:
-        self.routes[path] = Canned(status, body.encode() if isinstance(body, str) else body, content_type)
-
-
-def _handler(fake: FakeRuntime) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-            """Quiet."""
-
-        def do_GET(self) -> None:  # noqa: N802 - stdlib name
-            fake.hits[self.path] = fake.hits.get(self.path, 0) + 1
-            self._answer(fake.routes.get(self.path, Canned(404, b'{"error":"not found"}', "application/json")))
-
-        def do_POST(self) -> None:  # noqa: N802 - stdlib name
-            """A model call: answered from ``routes["POST <path>"]``; not counted in ``hits``."""
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            self._answer(fake.routes.get(f"POST {self.path}",
-                                         Canned(404, b'{"error":"not found"}', "application/json")))
-
-        def _answer(self, canned: Canned) -> None:
-            self.send_response(canned.status)
-            self.send_header("Content-Type", canned.content_type)
-            self.send_header("Content-Length", str(len(canned.body)))
-            self.end_headers()
-            self.wfile.write(canned.body)
-
-    return Handler
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeRuntime]:
-    state = FakeRuntime()
-    httpd = ThreadingHTTPServer((LOOPBACK, 0), _handler(state))
-    httpd.daemon_threads = True
-    state.port = httpd.server_address[1]
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield state
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
 
 
 # --- observer + in-memory metrics ------------------------------------------------------------------
@@ -139,17 +76,13 @@ def rig() -> Iterator[Rig]:
         provider.shutdown()
 
 
-def _text(name: str) -> str:
-    return (FIXTURES / name).read_text()
-
-
 def _runtime_logs(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "otel_llm" and "runtime state" in r.getMessage()]
 
 
 # --- vLLM, TGI, SGLang ------------------------------------------------------------------------------
 def test_vllm_metrics_reemitted_and_normalized(rig: Rig, fake: FakeRuntime) -> None:
-    fake.serve("/metrics", _text("vllm_metrics.txt"))
+    fake.serve("/metrics", observer_fixture("vllm_metrics.txt"))
     rig.registry.note(LOOPBACK, fake.port, "vllm")
     rig.observer.poll_once()
 
@@ -191,7 +124,7 @@ def test_vllm_metrics_reemitted_and_normalized(rig: Rig, fake: FakeRuntime) -> N
 def test_real_vllm_metrics(rig: Rig, fake: FakeRuntime) -> None:
     """A real vLLM 0.32.0's /metrics after 7 requests (tools/record_vllm_fixtures.py), served to a
     server no option names: recognized as vLLM from its series, normalized, every series kept."""
-    text = _text("vllm_real_metrics.txt")
+    text = observer_fixture("vllm_real_metrics.txt")
     fake.serve("/metrics", text)
     rig.registry.note(LOOPBACK, fake.port, None)
     rig.observer.poll_once()
@@ -212,7 +145,7 @@ def test_real_vllm_metrics(rig: Rig, fake: FakeRuntime) -> None:
 
 
 def test_vllm_legacy_kv_cache_fallback(rig: Rig, fake: FakeRuntime) -> None:
-    fake.serve("/metrics", _text("vllm_legacy_metrics.txt"))
+    fake.serve("/metrics", observer_fixture("vllm_legacy_metrics.txt"))
     rig.registry.note(LOOPBACK, fake.port, "vllm")
     rig.observer.poll_once()
     state = rig.observer.latest_state(LOOPBACK, fake.port)
@@ -220,7 +153,7 @@ def test_vllm_legacy_kv_cache_fallback(rig: Rig, fake: FakeRuntime) -> None:
 
 
 def test_tgi_metrics(rig: Rig, fake: FakeRuntime) -> None:
-    fake.serve("/metrics", _text("tgi_metrics.txt"))
+    fake.serve("/metrics", observer_fixture("tgi_metrics.txt"))
     rig.registry.note(LOOPBACK, fake.port, "tgi")
     rig.observer.poll_once()
     metrics = rig.metrics()
@@ -236,7 +169,7 @@ def test_tgi_metrics(rig: Rig, fake: FakeRuntime) -> None:
 
 def test_sglang_metrics_and_runtime_inferred(rig: Rig, fake: FakeRuntime) -> None:
     """An unknown-runtime server: /api/ps is absent (backed off), /metrics names the runtime."""
-    fake.serve("/metrics", _text("sglang_metrics.txt"))
+    fake.serve("/metrics", observer_fixture("sglang_metrics.txt"))
     rig.registry.note(LOOPBACK, fake.port, None)
     rig.observer.poll_once()
     assert rig.value("sglang.num_running_reqs") == 6
@@ -252,7 +185,7 @@ def test_sglang_metrics_and_runtime_inferred(rig: Rig, fake: FakeRuntime) -> Non
 
 def test_model_metadata_read_once_per_runtime_process(rig: Rig, fake: FakeRuntime) -> None:
     """vLLM's /v1/models (max_model_len) is read at the first poll, once."""
-    fake.serve("/metrics", _text("vllm_metrics.txt"))
+    fake.serve("/metrics", observer_fixture("vllm_metrics.txt"))
     fake.serve("/v1/models", json.dumps({"object": "list", "data": [
         {"id": "tiny", "object": "model", "max_model_len": 512}]}), content_type="application/json")
     rig.registry.note(LOOPBACK, fake.port, "vllm")
@@ -424,7 +357,7 @@ def test_calls_carry_the_model_of_a_server_without_state_route(fake: FakeRuntime
 @pytest.mark.parametrize("body", ["not json", '{"data": [{"id": "a", "max_model_len": "NaN"}]}',
                                   '{"data": [{"id": "a"}, {"id": "b", "max_model_len": 9}]}', "[]"])
 def test_odd_model_metadata_gives_none(rig: Rig, fake: FakeRuntime, body: str) -> None:
-    fake.serve("/metrics", _text("vllm_metrics.txt"))
+    fake.serve("/metrics", observer_fixture("vllm_metrics.txt"))
     fake.serve("/v1/models", body, content_type="application/json")
     rig.registry.note(LOOPBACK, fake.port, "vllm")
     rig.observer.poll_once()
@@ -436,7 +369,7 @@ def test_odd_model_metadata_gives_none(rig: Rig, fake: FakeRuntime, body: str) -
 def test_runtime_recognized_from_its_metrics_for_the_calls(rig: Rig, fake: FakeRuntime) -> None:
     """A server no route or option names: once /metrics shows ``vllm:`` series, ``runtime_of``
     (what a call to it is attributed to) says vllm; a server that stops being polled is forgotten."""
-    fake.serve("/metrics", _text("vllm_metrics.txt"))
+    fake.serve("/metrics", observer_fixture("vllm_metrics.txt"))
     rig.registry.note(LOOPBACK, fake.port, None)
     assert rig.observer.runtime_of(LOOPBACK, fake.port) is None
     rig.observer.poll_once()
@@ -449,7 +382,7 @@ def test_runtime_recognized_from_its_metrics_for_the_calls(rig: Rig, fake: FakeR
 
 # --- Ollama ------------------------------------------------------------------------------------------
 def test_ollama_ps(rig: Rig, fake: FakeRuntime) -> None:
-    fake.serve("/api/ps", _text("ollama_ps.json"), content_type="application/json")
+    fake.serve("/api/ps", observer_fixture("ollama_ps.json"), content_type="application/json")
     rig.registry.note(LOOPBACK, fake.port, "ollama")
     rig.observer.poll_once()
     server = {"server.address": LOOPBACK, "server.port": fake.port, "llm.runtime.name": "ollama"}
@@ -475,7 +408,7 @@ def test_unknown_runtime_answering_api_ps_is_ollama(rig: Rig, fake: FakeRuntime)
     rig.registry.note(LOOPBACK, fake.port, None)
     rig.observer.poll_once()
     assert rig.observer.latest_state(LOOPBACK, fake.port)["models.loaded"] == ()
-    fake.serve("/api/ps", _text("ollama_ps.json"), content_type="application/json")
+    fake.serve("/api/ps", observer_fixture("ollama_ps.json"), content_type="application/json")
     rig.observer.poll_once()
     assert {a["llm.runtime.name"] for _v, a in rig.points("llm.runtime.model.loaded")} == {"ollama"}
 
@@ -492,7 +425,7 @@ def test_non_json_api_ps(rig: Rig, fake: FakeRuntime, caplog: pytest.LogCaptureF
     rig.later(0.05)
     rig.observer.poll_once()
     assert fake.hits["/api/ps"] == 2 and rig.points("llm.runtime.model.loaded") == []
-    fake.serve("/api/ps", _text("ollama_ps.json"), content_type="application/json")
+    fake.serve("/api/ps", observer_fixture("ollama_ps.json"), content_type="application/json")
     rig.later(0.1)
     rig.observer.poll_once()
     assert len(rig.points("llm.runtime.model.loaded")) == 2
@@ -503,11 +436,11 @@ def test_non_json_api_ps(rig: Rig, fake: FakeRuntime, caplog: pytest.LogCaptureF
 def test_malformed_metrics_logged_once_then_recovers(rig: Rig, fake: FakeRuntime,
                                                      caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger="otel_llm")
-    fake.serve("/metrics", _text("vllm_legacy_metrics.txt"))
+    fake.serve("/metrics", observer_fixture("vllm_legacy_metrics.txt"))
     rig.registry.note(LOOPBACK, fake.port, "vllm")
     rig.observer.poll_once()
     before = rig.observer.latest_state(LOOPBACK, fake.port)
-    fake.serve("/metrics", _text("malformed_metrics.txt"))
+    fake.serve("/metrics", observer_fixture("malformed_metrics.txt"))
     rig.observer.poll_once()
     rig.later(0.05)
     rig.observer.poll_once()
@@ -517,12 +450,12 @@ def test_malformed_metrics_logged_once_then_recovers(rig: Rig, fake: FakeRuntime
     assert rig.points("vllm.num_requests_running") == []  # stale series are not reported
     assert rig.points("llm.runtime.requests.waiting") == []
     assert rig.observer.latest_state(LOOPBACK, fake.port) == before  # last good poll, its timestamp
-    fake.serve("/metrics", _text("vllm_metrics.txt"))
+    fake.serve("/metrics", observer_fixture("vllm_metrics.txt"))
     rig.later(0.1)
     rig.observer.poll_once()
     assert rig.observer.latest_state(LOOPBACK, fake.port)["requests.waiting"] == 3
     assert fake.hits["/metrics"] == 4
-    fake.serve("/metrics", _text("malformed_metrics.txt"))  # the count started again at the success
+    fake.serve("/metrics", observer_fixture("malformed_metrics.txt"))  # the count started again at the success
     for _ in range(MAX_FAILURES - 1):
         rig.later(10)
         rig.observer.poll_once()
@@ -692,7 +625,7 @@ def test_poll_all_polls_registered_servers_but_not_cloud_apis(fake: FakeRuntime)
 
 
 def test_background_thread_polls(rig: Rig, fake: FakeRuntime) -> None:
-    fake.serve("/metrics", _text("tgi_metrics.txt"))
+    fake.serve("/metrics", observer_fixture("tgi_metrics.txt"))
     rig.registry.note(LOOPBACK, fake.port, "tgi")
     rig.observer.start()
     deadline = time.monotonic() + 5
@@ -714,8 +647,8 @@ def test_polls_are_not_traced_by_otel_llm(fake: FakeRuntime) -> None:
     otel_llm.instrument(tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider,
                         host_metrics=False, gpu_metrics=False, runtime_metrics=False)
     try:
-        fake.serve("/metrics", _text("sglang_metrics.txt"))
-        fake.serve("/api/ps", _text("ollama_ps.json"), content_type="application/json")
+        fake.serve("/metrics", observer_fixture("sglang_metrics.txt"))
+        fake.serve("/api/ps", observer_fixture("ollama_ps.json"), content_type="application/json")
         registry = ServerRegistry()
         registry.note(LOOPBACK, fake.port, None)
         observer = RuntimeStateObserver(otel.meter_provider.get_meter("t"), registry, policy=PollPolicy(POLL_ALL))
@@ -735,7 +668,7 @@ def test_polls_are_not_traced_by_httpx_instrumentation(fake: FakeRuntime) -> Non
     instrumentor = HTTPXClientInstrumentor()
     instrumentor.instrument(tracer_provider=otel.tracer_provider)
     try:
-        fake.serve("/metrics", _text("tgi_metrics.txt"))
+        fake.serve("/metrics", observer_fixture("tgi_metrics.txt"))
         registry = ServerRegistry()
         registry.note(LOOPBACK, fake.port, "tgi")
         observer = RuntimeStateObserver(otel.meter_provider.get_meter("t"), registry, policy=PollPolicy(POLL_ALL))

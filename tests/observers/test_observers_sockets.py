@@ -16,6 +16,7 @@ import pytest
 
 from otel_llm.observers import sockets
 from otel_llm.observers.sockets import listeners
+from otel_llm_testing.net import free_port
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sock_diag is Linux's")
 
@@ -50,11 +51,6 @@ def child_listener() -> Iterator[tuple[int, int]]:
         child.wait()
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
 
 def test_this_process_listening_on_both_families(listening: tuple[int, int]) -> None:
     v4, v6 = listening
@@ -65,7 +61,7 @@ def test_this_process_listening_on_both_families(listening: tuple[int, int]) -> 
 
 def test_another_process_and_a_port_nobody_listens_on(child_listener: tuple[int, int]) -> None:
     port, pid = child_listener
-    nobody = _free_port()
+    nobody = free_port()
     assert listeners({port, nobody}) == [(port, pid)]
     assert listeners({nobody}) == []
 

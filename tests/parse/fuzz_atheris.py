@@ -33,7 +33,7 @@ with atheris.instrument_imports(include=["otel_llm"]):
     from otel_llm.parse.runtimes import runtime_counters
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.parse.parse_fixtures import ALL_APIS  # noqa: E402
+from otel_llm_testing.parse_fixtures import ALL_APIS  # noqa: E402
 from tests.parse.test_fuzz import (  # noqa: E402
     BODY_FILES, STREAM_FILES, check_attributes, check_counters, check_request, check_response_info,
     check_scanner,

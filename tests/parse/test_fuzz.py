@@ -43,9 +43,9 @@ from otel_llm.parse import response as resp
 from otel_llm.parse.runtimes import RuntimeCounters, llamacpp, lmstudio, ollama, openai_compat, runtime_counters
 from otel_llm.parse.runtimes import sglang, tgi, vllm
 from otel_llm.parse.runtimes._common import MAX_RATE, MAX_SECONDS, MAX_TOKENS, derive
-from tests.conftest import Otel
-from tests.helpers_servers import Plan, PlanServer
-from tests.parse.parse_fixtures import ALL_APIS
+from otel_llm_testing.otel import Otel
+from otel_llm_testing.model_server import Plan, PlanServer
+from otel_llm_testing.parse_fixtures import ALL_APIS
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 _FIXTURE_FILES = sorted([*(FIXTURES / "parse").iterdir(), *(FIXTURES / "runtimes").glob("*/*")])

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from otel_llm.parse import routes as r
 from otel_llm.parse.request import MAX_PARSE_BYTES, RequestInfo, parse_request
 
-from tests.parse.parse_fixtures import ALL_APIS, load
+from otel_llm_testing.parse_fixtures import ALL_APIS, load
 
 
 def test_openai_chat() -> None:

@@ -19,7 +19,7 @@ from otel_llm.parse.response import (
     parse_sse_event,
 )
 
-from tests.parse.parse_fixtures import ALL_APIS, load
+from otel_llm_testing.parse_fixtures import ALL_APIS, load
 
 
 def split_events(raw: bytes, ndjson: bool = False) -> list[bytes]:

@@ -14,7 +14,8 @@ from otel_llm.tools.view import group_calls, render_call
 from otel_llm.export.jsonl import flatten_spans
 from otel_llm.parse import routes as r
 from otel_llm.parse.request import parse_request
-from tests.conftest import Otel, configure_sim
+from otel_llm_testing.otel import Otel
+from otel_llm_testing.simulator import configure_sim
 
 SYSTEM = "You are a careful assistant for the accounts team. Answer briefly. " * 8
 TOOLS = [

@@ -1,15 +1,9 @@
-"""runtime_counters: dispatch, value checks, derived values, and the never-raise property.
-
-Also holds the helpers the per-runtime test modules import.
-"""
+"""runtime_counters: dispatch, value checks, derived values, and the never-raise property."""
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 import math
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,68 +15,12 @@ from hypothesis import strategies as st
 import otel_llm
 
 from otel_llm.parse import response as resp
-from otel_llm.parse.response import ResponseInfo, parse_body, parse_events
+from otel_llm.parse.response import ResponseInfo
 from otel_llm.parse.runtimes import KNOWN_RUNTIMES, SOURCES, RuntimeCounters, runtime_counters
 from otel_llm.parse.runtimes import _common, llamacpp, lmstudio, ollama, sglang, tgi, vllm
+from otel_llm_testing.runtime_fixtures import FIELDS, expect
 
-FIXTURES = Path(__file__).parents[1] / "fixtures" / "runtimes"
-FIELDS = [f.name for f in dataclasses.fields(RuntimeCounters)]
 LOGGER = "otel_llm.parse.runtimes"
-
-
-# --- helpers for the per-runtime modules ----------------------------------------------------
-
-
-def load(runtime: str, name: str) -> bytes:
-    return (FIXTURES / runtime / name).read_bytes()
-
-
-def load_json(runtime: str, name: str) -> Any:
-    return json.loads(load(runtime, name))
-
-
-def split_events(raw: bytes, ndjson: bool = False) -> list[bytes]:
-    """Frame a captured stream the way the capture layer does."""
-    parts = raw.splitlines(keepends=True) if ndjson else re.split(rb"(?<=\n)\r?\n", raw)
-    return [p for p in parts if p.strip()]
-
-
-def window(events: list[bytes]) -> list[bytes]:
-    """What the caller hands to parse_events: the first event and the last (<= 6)."""
-    return events[:1] + events[max(1, len(events) - 6):]
-
-
-def stream(runtime: str, name: str) -> list[bytes]:
-    return split_events(load(runtime, name), ndjson=name.endswith(".ndjson"))
-
-
-def from_stream(
-    api: str, runtime: str, name: str, headers: Mapping[str, str] | None = None
-) -> tuple[ResponseInfo, RuntimeCounters]:
-    """The real pipeline on a stream fixture: window -> parse_events -> runtime_counters."""
-    info = parse_events(api, window(stream(runtime, name)), headers)
-    return info, runtime_counters(info, headers)
-
-
-def from_body(
-    api: str, runtime: str, name: str, headers: Mapping[str, str] | None = None
-) -> tuple[ResponseInfo, RuntimeCounters]:
-    """The real pipeline on a body fixture: parse_body -> runtime_counters."""
-    info = parse_body(api, load(runtime, name), headers)
-    return info, runtime_counters(info, headers)
-
-
-def expect(actual: RuntimeCounters, **expected: Any) -> None:
-    """Every field equals ``expected`` (floats to 1e-12 relative), every other field is None."""
-    unknown = set(expected) - set(FIELDS)
-    assert not unknown, unknown
-    for name in FIELDS:
-        got, want = getattr(actual, name), expected.get(name)
-        if isinstance(want, float):
-            assert isinstance(got, float), (name, got, want)
-            assert got == pytest.approx(want, rel=1e-12, abs=0), (name, got, want)
-        else:
-            assert got == want and type(got) is type(want), (name, got, want)
 
 
 def assert_sane(c: RuntimeCounters) -> None:

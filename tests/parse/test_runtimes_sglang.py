@@ -5,7 +5,7 @@ from __future__ import annotations
 from otel_llm.parse import routes as r
 from otel_llm.parse.response import ResponseInfo, parse_events
 from otel_llm.parse.runtimes import runtime_counters
-from tests.parse.test_runtimes_common import expect, from_body, from_stream, stream, window
+from otel_llm_testing.runtime_fixtures import expect, from_body, from_stream, stream, window
 
 RT = "sglang"
 

@@ -21,7 +21,7 @@ import pytest
 from otel_llm.parse import routes as r
 from otel_llm.parse.response import ResponseInfo, parse_body, parse_events
 from otel_llm.parse.runtimes import runtime_counters
-from tests.parse.test_runtimes_common import expect, load, load_json, stream, window
+from otel_llm_testing.runtime_fixtures import expect, load, load_json, stream, window
 
 RT = "vllm"
 

@@ -16,8 +16,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PERFORMANCE = (ROOT / "docs" / "performance.md").read_text()
 OTEL_LLM = str(Path(sys.executable).with_name("otel-llm"))
-# this checkout's otel_llm, also when the venv's editable install points at another one (a worktree)
-ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+# this checkout's otel_llm and otel_llm_testing, also when the venv's editable installs point at
+# another checkout (a worktree)
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "testing")])}
 
 
 def test_sim_help_lists_the_timing_options() -> None:

@@ -40,19 +40,16 @@ from prometheus_client.parser import text_string_to_metric_families
 from otel_llm.tools.gateway.process import GatewayProcess
 from otel_llm.tools.sim import SimProcess
 from otel_llm_testing import LlamaServer
-from tests.helpers_servers import clean_env
-from tests.export.test_prometheus import LOOPBACK, Prometheus, finite_values, free_port, prometheus_binary, wait_until
-
-__all__ = ["prometheus_binary"]  # the fixture, shared with test_prometheus.py
+from otel_llm_testing.subprocesses import clean_env
+from otel_llm_testing.dashboards import (BUILTINS, DASHBOARDS, FILES, all_panels, label_values_query, load,
+                                         metric_names, queries, referenced_variables, substitute, variables)
+from otel_llm_testing.net import LOOPBACK, free_port
+from otel_llm_testing.prometheus import Prometheus, finite_values, wait_until
 
 pytestmark = [pytest.mark.timeout(900)]  # the first run may build llama-server (about 8 minutes)
 
 REPO = Path(__file__).resolve().parents[2]
-DASHBOARDS = REPO / "dashboards"
-FILES = sorted(DASHBOARDS.glob("*.json"))
 DS = {"type": "prometheus", "uid": "${datasource}"}
-# Grafana's own variables, as the test substitutes them (a 1 s scrape interval)
-BUILTINS = {"__rate_interval": "10s", "__range": "5m", "__interval": "5s", "__from": "0", "__to": "0"}
 EMITTED_PREFIXES = ("gen_ai_", "llm_", "system_", "process_", "hw_", "http_server_", "llamacpp_")
 
 # (file, panel title, refId) of every query on hw.* / process.gpu.* series: empty without a GPU.
@@ -67,78 +64,6 @@ GPU_QUERIES = {
 }
 GPU_METRICS = {"hw_gpu_utilization", "hw_gpu_memory_usage_bytes", "hw_gpu_memory_limit_bytes",
                "process_gpu_memory_usage_bytes", "hw_power_watts", "hw_temperature_celsius", "hw_gpu_throttle"}
-
-
-# --- reading the dashboards ---------------------------------------------------------------------
-
-
-def load(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text(encoding="utf-8"))
-
-
-def all_panels(dashboard: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    for panel in dashboard["panels"]:
-        yield panel
-        yield from panel.get("panels", [])  # a collapsed row keeps its panels inside
-
-
-@dataclass(frozen=True)
-class Query:
-    file: str
-    panel: str
-    ref: str
-    expr: str
-
-    @property
-    def key(self) -> tuple[str, str, str]:
-        return (self.file, self.panel, self.ref)
-
-
-def queries() -> list[Query]:
-    found = []
-    for path in FILES:
-        for panel in all_panels(load(path)):
-            for t in panel.get("targets", []):
-                found.append(Query(path.name, panel["title"], t["refId"], t["expr"]))
-    return found
-
-
-def variables(dashboard: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {v["name"]: v for v in dashboard["templating"]["list"]}
-
-
-_VARIABLE = re.compile(r"\$\{(\w+)(?::[\w]+)?\}|\$(\w+)")
-
-
-def referenced_variables(text: str) -> set[str]:
-    return {a or b for a, b in _VARIABLE.findall(text)}
-
-
-def substitute(expr: str, values: dict[str, str] | None = None) -> str:
-    """Grafana's interpolation for this test: built-ins as above, every other variable ``.*``."""
-    values = {**BUILTINS, **(values or {})}
-    return _VARIABLE.sub(lambda m: values.get(m.group(1) or m.group(2), ".*"), expr)
-
-
-_KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless",
-             "offset", "inf", "nan"}
-
-
-def metric_names(expr: str) -> set[str]:
-    """The metric names a PromQL expression reads (selectors; no ``__name__`` matchers here)."""
-    text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)  # strings
-    text = re.sub(r"\{[^}]*\}", " ", text)  # label matchers
-    text = re.sub(r"\[[^\]]*\]", " ", text)  # ranges
-    text = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", text)
-    names = set(re.findall(r"\b([a-zA-Z_:][a-zA-Z0-9_:]*)\b(?!\s*\()", text))
-    return {n for n in names if n.lower() not in _KEYWORDS and not re.fullmatch(r"\d.*", n)}
-
-
-def label_values_query(definition: str) -> tuple[str, str]:
-    """``label_values(selector, label)`` -> (selector, label)."""
-    match = re.fullmatch(r"label_values\((.*),\s*(\w+)\)", definition.strip())
-    assert match, definition
-    return match.group(1).strip(), match.group(2)
 
 
 # --- structure (no backend) -----------------------------------------------------------------------
@@ -256,7 +181,7 @@ def test_gpu_metric_names_match_the_exporter(monkeypatch: pytest.MonkeyPatch) ->
     from opentelemetry.sdk.metrics import MeterProvider
 
     from otel_llm.observers.gpu import GpuObserver
-    from tests.observers.test_observers_gpu import FakeGpu, FakeNvml
+    from otel_llm_testing.fake_nvml import FakeGpu, FakeNvml
 
     FakeNvml([FakeGpu("GPU-aaaa-0000", "NVIDIA Test GPU", processes=[(os.getpid(), 1 << 30)])]).install(monkeypatch)
     registry = CollectorRegistry()

@@ -23,7 +23,7 @@ def test_runtime_table_matches_the_adapters() -> None:
 
 def test_clients_table_is_the_client_matrix() -> None:
     """Each client the matrix test drives has its row, with the versions installed for the tests."""
-    from tests.clients import CASES
+    from otel_llm_testing.clients import CASES
 
     rows = [line for line in _page("clients.md").splitlines() if line.startswith("| ") and "|---" not in line]
     start = rows.index("| client | version tested | transport underneath | phases seen |")
@@ -56,7 +56,7 @@ def test_every_gateway_setting_is_documented() -> None:
 def test_other_languages_table_is_what_the_tests_run() -> None:
     """curl, the openai npm package and Go's net/http, each with the version the proxy's tests use
     (a toolchain not installed yet is installed by those tests, so its row is checked once it is)."""
-    from tests.other_clients import TABLE_HEADER, table_rows
+    from otel_llm_testing.other_clients import TABLE_HEADER, table_rows
 
     lines = _page("clients.md").splitlines()
     start = lines.index(TABLE_HEADER)

@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,7 +24,7 @@ import pytest
 
 from otel_llm import semconv
 from otel_llm import semconv_reference as ref
-from tests.tools.test_diagnose_html import chromium  # noqa: F401 - the fixture (installs Chromium)
+from otel_llm_testing.net import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 # this checkout's otel_llm, also when the venv's editable install points at another one (a worktree)
@@ -281,14 +280,9 @@ def test_a_broken_link_fails_the_build(tmp_path: Path) -> None:
     assert "guide.md" in done.stderr, done.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
 
 def test_make_docs_serve_serves_the_site() -> None:
-    address = f"127.0.0.1:{_free_port()}"
+    address = f"127.0.0.1:{free_port()}"
     command = _make_command("docs-serve", f"DOCS_ADDR={address}")
     assert "mkdocs serve" in command
     proc = subprocess.Popen(command, shell=True, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -317,17 +311,17 @@ def test_make_docs_serve_serves_the_site() -> None:
 @pytest.mark.backend  # headless Chromium, installed from Debian when missing
 @pytest.mark.slow
 def test_make_docs_screenshots_draws_the_home_and_reference_pages_as_documentation(
-        tmp_path: Path, chromium: str) -> None:  # noqa: F811
+        tmp_path: Path, chromium: str) -> None:
     """The screenshots the contributing page asks for: both pages drawn with the theme's styles (its
     indigo header bar across the top), not as unstyled HTML, and the reference with its tables."""
-    from tests.tools.test_diagnose_html import _read_png
+    from otel_llm_testing.chromium import read_png
 
     site = tmp_path / "site"
     done = subprocess.run(["make", "docs-screenshots", f"VENV={VENV}", f"SITE_DIR={site}", f"CHROMIUM={chromium}"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300, env=ENV)
     assert done.returncode == 0, done.stdout + done.stderr
     for name in ("home", "reference"):
-        width, height, rows = _read_png(site / f"{name}.png")
+        width, height, rows = read_png(site / f"{name}.png")
         assert (width, height) == (1280, 1000), name
         header = {rows[20][x * 3: x * 3 + 3] for x in range(300, 900)}
         assert header == {bytes((0x40, 0x51, 0xB5))}, (name, list(header)[:5])  # Material's indigo

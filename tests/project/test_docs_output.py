@@ -21,7 +21,6 @@ import re
 import select
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -31,7 +30,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers_servers import clean_env
+from otel_llm_testing.subprocesses import clean_env
+from otel_llm_testing.net import free_port
 
 # the tests marked timing compare output whose verdicts and bars come from measured times, on a shared
 # 2-core machine: one bad scheduling moment (a first request slow enough to look like a cold start, a
@@ -156,11 +156,6 @@ def _env() -> dict[str, str]:
     # unbuffered, so stdout and stderr interleave as in a terminal; the view's default width
     return clean_env(COLUMNS="100", LC_ALL="C.UTF-8")
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _first_line(proc: subprocess.Popen[str], timeout: float = 20.0) -> str:
@@ -322,7 +317,7 @@ def test_gateway(tmp_path: Path) -> None:
     assert re.fullmatch(r"olk_[A-Za-z0-9_-]+", key), made.stderr
     shown = [f"{_command(keygen)} >> keys.toml", made.stderr.rstrip("\n").replace(key, KEY_PLACEHOLDER)]
 
-    listen = f"127.0.0.1:{_free_port()}"
+    listen = f"127.0.0.1:{free_port()}"
     with _sim(GATEWAY_SIM, tmp_path) as url:
         serve = [OTEL_LLM, "gateway", "--upstream", url, "--listen", listen, "--keys", "keys.toml"]
         log = tmp_path / "gateway.log"
@@ -351,7 +346,7 @@ def test_gateway(tmp_path: Path) -> None:
 def test_proxy(tmp_path: Path) -> None:
     """``otel-llm proxy``: curl streams through it, the proxy prints the call's summary line, and
     ``otel-llm view`` draws the call with the caller's side."""
-    listen = f"127.0.0.1:{_free_port()}"
+    listen = f"127.0.0.1:{free_port()}"
     with _sim(PROXY_SIM, tmp_path) as url:
         serve = [OTEL_LLM, "proxy", "--upstream", url, "--listen", listen]
         log = tmp_path / "proxy.log"

@@ -15,7 +15,8 @@ import httpx
 import pytest
 
 from otel_llm import semconv as sc
-from tests.conftest import Otel, configure_sim, raw_timeline
+from otel_llm_testing.otel import Otel
+from otel_llm_testing.simulator import configure_sim, raw_timeline
 
 # every test here asserts on measured durations against the simulator's, on a shared 2-core machine:
 # one bad scheduling moment is not a regression

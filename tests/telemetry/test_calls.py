@@ -28,7 +28,7 @@ from otel_llm.parse.formats import stream_format
 from otel_llm.parse.framing import StreamStats
 from otel_llm.telemetry import calls as calls_module
 from otel_llm.telemetry.calls import CallSettings, Telemetry
-from tests.conftest import Otel, make_otel
+from otel_llm_testing.otel import Otel, make_otel
 
 MS = 1_000_000
 NS = 1e-9

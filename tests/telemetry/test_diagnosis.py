@@ -16,7 +16,8 @@ import otel_llm
 from otel_llm import semconv as sc
 from otel_llm.telemetry.runtime import synthesized_spans
 from otel_llm.parse.runtimes import RuntimeCounters
-from tests.conftest import Otel, configure_sim, make_otel, raw_timeline, sim_stats
+from otel_llm_testing.otel import Otel, make_otel
+from otel_llm_testing.simulator import configure_sim, raw_timeline, sim_stats
 
 # the tests marked timing measure wall-clock time (or need concurrent calls to overlap) on a shared
 # 2-core machine: one bad scheduling moment is not a regression; the others are exact

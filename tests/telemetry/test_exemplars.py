@@ -6,7 +6,8 @@ from __future__ import annotations
 import httpx
 
 from otel_llm import semconv as sc
-from tests.conftest import Otel, configure_sim
+from otel_llm_testing.otel import Otel
+from otel_llm_testing.simulator import configure_sim
 
 
 def test_duration_and_first_token_carry_the_calls_trace_id(otel: Otel, sim) -> None:

@@ -321,7 +321,8 @@ def _streamed_call(sim: Any, monkeypatch: pytest.MonkeyPatch, opt_in: str | None
     import otel_llm
     from otel_llm._log import reset_log_once
     from otel_llm.config import ENV_SEMCONV_OPT_IN
-    from tests.conftest import configure_sim, make_otel
+    from otel_llm_testing.simulator import configure_sim
+    from otel_llm_testing.otel import make_otel
 
     if opt_in is None:
         monkeypatch.delenv(ENV_SEMCONV_OPT_IN, raising=False)

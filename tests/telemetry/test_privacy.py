@@ -7,7 +7,6 @@ import asyncio
 import base64
 import json
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +19,11 @@ import otel_llm
 from otel_llm import semconv as sc
 from otel_llm._log import reset_log_once
 from otel_llm.export.jsonl import read_jsonl
-from tests.conftest import Otel, configure_sim, make_otel
-from tests.helpers_servers import clean_env, run_python, walk_strings
+from otel_llm_testing.otel import Otel, make_otel
+from otel_llm_testing.simulator import configure_sim
+from otel_llm_testing.subprocesses import clean_env, run_python
+from otel_llm_testing.collectors import walk_strings
+from otel_llm_testing.net import free_port
 
 MARKER = "PROMPT-MARKER-q7Zx41"
 SECRETS = ("SECRET1", "SECRET2", "SECRET3", "SECRET4", "SECRET5", "SECRET6")
@@ -67,14 +69,9 @@ def _make_calls(base_url: str) -> int:
     with httpx.Client(headers={**HEADERS, "x-sim-error-status": "401"}, timeout=10) as client:
         assert client.post(url, json=_body(False)).status_code == 401
         with pytest.raises(httpx.ConnectError):
-            client.post(_secret_url(f"http://127.0.0.1:{_closed_port()}"), json=_body(False))
+            client.post(_secret_url(f"http://127.0.0.1:{free_port()}"), json=_body(False))
     return 6
 
-
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _check_url_full(url_full: str) -> None:

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,9 +17,8 @@ import otel_llm
 from otel_llm.tools.bench import Level, RequestRecord, Workload, knee, parse_slo, percentile, run_level, summarize
 from otel_llm.tools.bench.load import LevelResult, _arrivals
 from otel_llm.tools.sim import SimProcess
-from tests.conftest import Otel, make_otel
-from tests.helpers_servers import clean_env
-from tests.tools.test_diagnose_html import chromium  # noqa: F401 - the fixture (installs Chromium)
+from otel_llm_testing.otel import Otel
+from otel_llm_testing.subprocesses import clean_env
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -30,17 +28,6 @@ F, INTERVAL, T = 0.2, 0.02, 20
 E2EL = F + (T - 1) * INTERVAL  # 0.58 s
 # a loaded 2-core machine: an event loop reading several streams wakes late by tens of ms
 SLACK = 0.06
-
-
-@pytest.fixture
-def traced() -> Iterator[Otel]:
-    state = make_otel()
-    otel_llm.instrument(tracer_provider=state.tracer_provider, meter_provider=state.meter_provider,
-                        host_metrics=False, gpu_metrics=False, runtime_metrics=False, console_summary=False)
-    try:
-        yield state
-    finally:
-        otel_llm.uninstrument()
 
 
 def _workload(sim: SimProcess, **kw: object) -> Workload:
@@ -245,11 +232,11 @@ def test_command_prints_the_table_and_writes_every_request(tmp_path: Path) -> No
 
 
 @pytest.mark.backend
-def test_html_report_renders_in_chromium(tmp_path: Path, chromium: str) -> None:  # noqa: F811
+def test_html_report_renders_in_chromium(tmp_path: Path, chromium: str) -> None:
     """The report of a run (two levels, an SLO, a knee) drawn by headless Chromium: both charts,
     the knee and SLO marks, a line per series, no script, and pixels in the series' colours."""
     from otel_llm.tools.bench.html import COLORS, write_html
-    from tests.tools.test_diagnose_html import _chromium, _read_png
+    from otel_llm_testing.chromium import read_png, run_chromium
 
     def level(name: str, tput: float, ttft: float) -> dict[str, object]:
         dist = lambda v: {"mean": v, "p50": v, "p90": v * 1.2, "p99": v * 1.5}  # noqa: E731
@@ -263,7 +250,7 @@ def test_html_report_renders_in_chromium(tmp_path: Path, chromium: str) -> None:
                       level("concurrency 4", 200, 0.9)], "knee": 1}
     report = tmp_path / "bench.html"
     write_html(doc, report)
-    dom = _chromium(chromium, tmp_path, "--dump-dom", report.as_uri())
+    dom = run_chromium(chromium, tmp_path, "--dump-dom", report.as_uri())
     assert dom.returncode == 0, dom.stderr
     html = dom.stdout
     assert html.count('data-chart="latency"') == 1 and html.count('data-chart="throughput"') == 1
@@ -271,9 +258,9 @@ def test_html_report_renders_in_chromium(tmp_path: Path, chromium: str) -> None:
     assert "<script" not in html.lower() and "m&lt;x&gt;" in html and "concurrency 2" in html
     assert html.count('<path class="line"') == 10  # 3 + 3 latency series, 2 + 2 throughput series
     shot = tmp_path / "shot.png"
-    proc = _chromium(chromium, tmp_path, f"--screenshot={shot}", report.as_uri())
+    proc = run_chromium(chromium, tmp_path, f"--screenshot={shot}", report.as_uri())
     assert shot.exists(), proc.stdout + proc.stderr
-    _, _, rows = _read_png(shot)
+    _, _, rows = read_png(shot)
     wanted = [tuple(int(c[i:i + 2], 16) for i in (1, 3, 5)) for c in COLORS[:3]]
     hits = [0] * len(wanted)
     for row in rows:

@@ -23,9 +23,8 @@ from otel_llm.tools.bench.selfwatch import LoopReport, LoopWatch, _percentile, r
 from otel_llm.tools.bench.stats import bursts
 from otel_llm.tools.commands.bench import row, warnings
 from otel_llm.tools.sim import SimProcess
-from tests.conftest import Otel
-from tests.helpers_servers import clean_env
-from tests.tools.test_bench import traced  # noqa: F401 - the fixture (an instrumented process)
+from otel_llm_testing.otel import Otel
+from otel_llm_testing.subprocesses import clean_env
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -302,7 +302,7 @@ def test_a_collectors_otlp_json_file_reads_the_same(tmp_path: Path) -> None:
     exporter writes them: one call, its hop, the runtime's span."""
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    from tests.helpers_servers import OtlpHttpCollector
+    from otel_llm_testing.collectors import OtlpHttpCollector
 
     with OtlpHttpCollector() as collector:
         provider = TracerProvider()

@@ -20,7 +20,8 @@ from otel_llm.tools.diagnose.hoststate import HostReading
 from otel_llm.tools.diagnose.trials import TargetResult, Trial, request_for
 from otel_llm.tools.diagnose.verdicts import CODES, THRESHOLDS, Verdict, verdicts
 
-from tests.conftest import configure_sim
+from otel_llm_testing.simulator import configure_sim
+from otel_llm_testing.net import free_port
 
 SECRET = "sk-diagnose-test-secret-9f3b2c"
 
@@ -129,14 +130,9 @@ def test_slow_decode(sim: Any, tmp_path: Path) -> None:
     assert primary(data) == "decode_bound"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def test_unreachable(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, data = diagnose(f"http://127.0.0.1:{_free_port()}", tmp_path)
+    code, data = diagnose(f"http://127.0.0.1:{free_port()}", tmp_path)
     assert code == 1
     assert codes(data) == ["unreachable"]
     assert data["targets"][0]["warm"] == []
@@ -212,7 +208,7 @@ def test_json_structure(sim: Any, tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timing  # 'healthy' for the live target rests on its measured times
 def test_two_targets_side_by_side(sim: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    down = f"http://127.0.0.1:{_free_port()}"
+    down = f"http://127.0.0.1:{free_port()}"
     record = tmp_path / "two.json"
     code = run(parse_args([sim.base_url, down, "--model", "sim-model", "--quick", "--trials", "1",
                            "--json", str(record)]))
@@ -557,7 +553,7 @@ def test_api_is_detected_when_not_given(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timing
 def test_network_path_between_two_urls_of_the_same_service(tmp_path: Path) -> None:
-    from otel_llm.tools.diagnose.lab import DelayingProxy
+    from otel_llm_testing.lab import DelayingProxy
     from otel_llm.tools.sim import SimProcess
 
     with SimProcess(runtime="llama.cpp", first_token_delay=0.05, token_interval=0.005, tokens=16) as sim:
@@ -572,7 +568,7 @@ def test_network_path_between_two_urls_of_the_same_service(tmp_path: Path) -> No
 
 @pytest.mark.slow
 def test_auth_check_through_gateways(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
-    from otel_llm.tools.diagnose.lab import AuthGateway
+    from otel_llm_testing.lab import AuthGateway
     from otel_llm.tools.sim import SimProcess
 
     monkeypatch.setenv("DIAG_TOKEN", SECRET)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import sys
 import threading
 from collections.abc import Iterator
@@ -20,15 +19,11 @@ from otel_llm.tools.diagnose.cold import ColdControl, cold_trials, cold_verdict_
 from otel_llm.tools.detect import detect, detect_api, loaded_model, runtime_hint
 from otel_llm.tools.diagnose.trials import Trial, TrialRunner
 from otel_llm.tools.sim import SimProcess
+from otel_llm_testing.net import free_port
 
 MODEL = "sim-model"
 FAST = dict(cold_delay=0.5, first_token_delay=0.02, token_interval=0.002, tokens=4)
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class _VllmLike(BaseHTTPRequestHandler):
@@ -144,7 +139,7 @@ def test_detect_llamacpp_real_server() -> None:
 
 
 def test_detect_refused_port() -> None:
-    url = f"http://127.0.0.1:{_free_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     assert detect_api(url, timeout=1.0) is None
     assert runtime_hint(url, timeout=1.0) is None
 

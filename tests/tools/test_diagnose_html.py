@@ -5,22 +5,18 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import struct
 import subprocess
 import sys
 import time
-import zlib
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from otel_llm.tools.diagnose.html import PHASE_COLORS, median_warm_trial, render_html, waterfall_segments, write_html
-from otel_llm_testing import markers
+from otel_llm_testing.chromium import read_png, run_chromium
 
 MODEL = "<script>alert('m')</script>&model"
-CHROMIUM = "/usr/bin/chromium"
 
 
 def _start_sim(*args: str) -> tuple[subprocess.Popen[str], str]:
@@ -168,82 +164,14 @@ def test_tolerates_failed_and_sparse_records() -> None:
 
 # ---------------------------------------------------------------- real rendering
 
-def _read_png(path: Path) -> tuple[int, int, list[bytes]]:
-    """(width, height, rows of RGB bytes) of an 8-bit RGB/RGBA non-interlaced PNG, stdlib only."""
-    data = path.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    pos, idat, header = 8, b"", None
-    while pos < len(data):
-        (length,) = struct.unpack(">I", data[pos:pos + 4])
-        ctype, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + length]
-        pos += 12 + length
-        if ctype == b"IHDR":
-            header = struct.unpack(">IIBBBBB", body)
-        elif ctype == b"IDAT":
-            idat += body
-        elif ctype == b"IEND":
-            break
-    assert header is not None
-    width, height, depth, color, _c, _f, interlace = header
-    assert depth == 8 and color in (2, 6) and interlace == 0, header
-    bpp = 3 if color == 2 else 4
-    raw = zlib.decompress(idat)
-    stride = width * bpp
-    rows: list[bytes] = []
-    prev = bytearray(stride)
-    for y in range(height):
-        start = y * (stride + 1)
-        kind, line = raw[start], bytearray(raw[start + 1:start + 1 + stride])
-        for i in range(stride):
-            a = line[i - bpp] if i >= bpp else 0
-            b, c = prev[i], prev[i - bpp] if i >= bpp else 0
-            if kind == 1:
-                line[i] = (line[i] + a) & 0xFF
-            elif kind == 2:
-                line[i] = (line[i] + b) & 0xFF
-            elif kind == 3:
-                line[i] = (line[i] + ((a + b) >> 1)) & 0xFF
-            elif kind == 4:
-                p = a + b - c
-                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
-                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 0xFF
-        rows.append(bytes(line) if bpp == 3 else bytes(v for j, v in enumerate(line) if j % 4 != 3))
-        prev = line
-    return width, height, rows
-
-
-@pytest.fixture(scope="module")
-def chromium() -> str:
-    markers.need("backend", "headless Chromium")
-    if not os.path.exists(CHROMIUM):
-        started = time.monotonic()
-        logs = []
-        for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", "chromium"]):
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
-                                  env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
-            logs.append(f"$ {' '.join(cmd)} -> {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
-            if proc.returncode != 0:
-                pytest.fail("installing chromium failed:\n" + "\n".join(logs))
-        print(f"installed chromium in {time.monotonic() - started:.1f}s")
-    assert os.path.exists(CHROMIUM), shutil.which("chromium")
-    return CHROMIUM
-
-
-def _chromium(binary: str, tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([binary, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                           "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                           "--disable-quic", f"--user-data-dir={tmp / 'profile'}", "--window-size=1200,2000", *args],
-                          capture_output=True, text=True, timeout=120, cwd=tmp)
-
-
 @pytest.mark.backend
 def test_real_rendering(record: dict[str, Any], chromium: str, tmp_path: Path) -> None:
     report = tmp_path / "report.html"
     write_html(_with_sweep(record), report)
     shot = tmp_path / "shot.png"
-    proc = _chromium(chromium, tmp_path, f"--screenshot={shot}", report.as_uri())
+    proc = run_chromium(chromium, tmp_path, f"--screenshot={shot}", report.as_uri())
     assert shot.exists() and shot.stat().st_size > 10_000, proc.stdout + proc.stderr
-    width, height, rows = _read_png(shot)
+    width, height, rows = read_png(shot)
     assert (width, height) == (1200, 2000)
     colored = 0
     wanted = {name: tuple(int(PHASE_COLORS[name][i:i + 2], 16) for i in (1, 3, 5))
@@ -262,7 +190,7 @@ def test_real_rendering(record: dict[str, Any], chromium: str, tmp_path: Path) -
     # the phase bars are drawn: each colour covers at least a small bar's worth of pixels
     assert all(count > 200 for count in hits.values()), hits
 
-    dom = _chromium(chromium, tmp_path, "--dump-dom", report.as_uri())
+    dom = run_chromium(chromium, tmp_path, "--dump-dom", report.as_uri())
     assert dom.returncode == 0, dom.stderr
     html = dom.stdout
     for kind, count in (("waterfall", 4), ("ttft", 2), ("concurrency", 2),

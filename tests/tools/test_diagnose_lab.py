@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from otel_llm.tools.diagnose.authcheck import auth_check, auth_findings, auth_verdicts
-from otel_llm.tools.diagnose.lab import AuthGateway, DelayingProxy
+from otel_llm_testing.lab import AuthGateway, DelayingProxy
 from otel_llm.tools.diagnose.netpath import network_path_verdicts
 from otel_llm.tools.diagnose.trials import TargetResult, Trial, TrialRunner
 from otel_llm.tools.sim import SimProcess

@@ -19,8 +19,8 @@ import httpx
 import pytest
 
 from otel_llm.tools.gateway.process import GatewayProcess
-from tests.helpers_servers import wait_for
-from tests.tools.test_gateway_security import RecordingUpstream, Reply, _env, raw_request, request_bytes
+from otel_llm_testing.net import wait_for
+from otel_llm_testing.raw_http import RecordingUpstream, Reply, gateway_env, raw_request, request_bytes
 
 HEAD_TIMEOUT = 1.5  # the short gateway's header, body and idle timeouts (seconds)
 SLACK = 6.0  # how much later than its timeout a refusal may come on a loaded machine
@@ -36,7 +36,7 @@ def recorder() -> Iterator[RecordingUpstream]:
 def short(recorder: RecordingUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     """Short timeouts, default connection caps."""
     keys = {"alice": {"routes": ["/v1/*"], "max_concurrency": 1}, "bob": {"models": ["m"]}}
-    with GatewayProcess(recorder.url, keys, env=_env(tmp_path_factory.mktemp("edge"), "short"),
+    with GatewayProcess(recorder.url, keys, env=gateway_env(tmp_path_factory.mktemp("edge"), "short"),
                         header_timeout=HEAD_TIMEOUT, body_timeout=HEAD_TIMEOUT, idle_timeout=HEAD_TIMEOUT,
                         max_body_bytes=1000) as gw:
         yield gw
@@ -45,7 +45,7 @@ def short(recorder: RecordingUpstream, tmp_path_factory: pytest.TempPathFactory)
 @pytest.fixture(scope="module")
 def capped(recorder: RecordingUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     """Small connection caps, long timeouts (so held connections stay open during the test)."""
-    with GatewayProcess(recorder.url, {"alice": {}}, env=_env(tmp_path_factory.mktemp("edge"), "capped"),
+    with GatewayProcess(recorder.url, {"alice": {}}, env=gateway_env(tmp_path_factory.mktemp("edge"), "capped"),
                         header_timeout=60, max_connections=12, max_connections_per_client=5) as gw:
         yield gw
 
@@ -321,7 +321,7 @@ def test_a_flood_of_bad_keys_costs_a_bounded_number_of_spans_and_lines(
     401 and recorded; past the budget they are answered 429 (counted only); a valid key from the
     same address is served and recorded meanwhile."""
     traces = tmp_path / "flood-traces.jsonl"
-    env = {**_env(tmp_path, "flood"), "OTEL_LLM_TRACES_FILE": str(traces)}
+    env = {**gateway_env(tmp_path, "flood"), "OTEL_LLM_TRACES_FILE": str(traces)}
     gateway = GatewayProcess(recorder.url, {"alice": {}}, env=env, refusal_rate=1, refusal_burst=5)
     statuses: list[int | None] = []
     with gateway:
@@ -376,7 +376,7 @@ def test_refusal_budget_per_address_is_a_bounded_token_bucket(caplog: pytest.Log
 @pytest.mark.slow
 def test_the_access_log_file_is_rotated_at_its_size(recorder: RecordingUpstream, tmp_path: Path) -> None:
     """About 350 bytes an access line; a 2,000-byte limit rotates it every few requests."""
-    gateway = GatewayProcess(recorder.url, {"alice": {}}, env=_env(tmp_path, "rotate"),
+    gateway = GatewayProcess(recorder.url, {"alice": {}}, env=gateway_env(tmp_path, "rotate"),
                              access_log_max_bytes=2000, access_log_backups=2)
     with gateway:
         for _ in range(30):

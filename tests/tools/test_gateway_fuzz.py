@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from otel_llm.tools.gateway.process import GatewayProcess
-from tests.tools.test_gateway_security import RecordingUpstream
+from otel_llm_testing.raw_http import RecordingUpstream
 
 TIMEOUT = 0.3  # the gateway's header, body and idle timeouts: an unfinished or kept-alive exchange ends quickly
 

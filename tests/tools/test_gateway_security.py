@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import socket
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -30,161 +29,13 @@ import pytest
 
 from otel_llm import semconv as sc
 from otel_llm.tools.gateway.process import GatewayProcess
-from tests.helpers_servers import OtlpHttpCollector, Received, attributes_of, wait_for
+from otel_llm_testing.collectors import OtlpHttpCollector, Received, attributes_of
+from otel_llm_testing.net import wait_for
+from otel_llm_testing.raw_http import RecordingUpstream, error_of, gateway_env, raw_request, request_bytes
 
 SPAN_KIND_SERVER = 2  # OTLP protobuf enum
 CHAT = {"model": "sim-model", "messages": [{"role": "user", "content": "hello"}]}
 QUICK = {"x-sim-tokens": "1", "x-sim-first-token-delay": "0", "x-sim-token-interval": "0"}
-
-
-# --- helpers ---------------------------------------------------------------------------------
-
-
-@dataclass
-class Seen:
-    """One request as it arrived at the recording upstream."""
-
-    method: str
-    target: str
-    headers: list[tuple[str, str]]
-    head: bytes
-    body: bytes
-
-    def values(self, name: str) -> list[str]:
-        return [v for n, v in self.headers if n == name]
-
-
-class RecordingUpstream:
-    """Loopback HTTP/1.1 server recording every request (one per connection, no size limits);
-    answers 200 JSON with a Set-Cookie and its own Server-Timing, after ``x-test-delay`` seconds."""
-
-    def __init__(self) -> None:
-        self.seen: list[Seen] = []
-        self._lock = threading.Lock()
-        self._sock = socket.create_server(("127.0.0.1", 0))
-        self._thread = threading.Thread(target=self._accept, name="recording-upstream", daemon=True)
-        self._closed = False
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._sock.getsockname()[1]}"
-
-    def count(self) -> int:
-        with self._lock:
-            return len(self.seen)
-
-    def _accept(self) -> None:
-        self._sock.settimeout(0.05)  # a blocked accept() would not notice close()
-        while not self._closed:
-            try:
-                conn, _ = self._sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        with conn:
-            conn.settimeout(15)
-            try:
-                data = b""
-                while b"\r\n\r\n" not in data:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        return
-                    data += chunk
-                head, _, body = data.partition(b"\r\n\r\n")
-                lines = head.split(b"\r\n")
-                method, target, _ = lines[0].decode("latin-1").split(" ", 2)
-                headers = []
-                for line in lines[1:]:
-                    name, _, value = line.decode("latin-1").partition(":")
-                    headers.append((name.strip().lower(), value.strip()))
-                fields = dict(headers)
-                if fields.get("transfer-encoding", "").lower() == "chunked":
-                    while not body.endswith(b"0\r\n\r\n"):
-                        chunk = conn.recv(65536)
-                        if not chunk:
-                            break
-                        body += chunk
-                else:
-                    length = int(fields.get("content-length") or 0)
-                    while len(body) < length:
-                        chunk = conn.recv(65536)
-                        if not chunk:
-                            break
-                        body += chunk
-                with self._lock:
-                    self.seen.append(Seen(method, target, headers, head, body))
-                time.sleep(float(fields.get("x-test-delay") or 0))
-                payload = json.dumps({"ok": True}).encode()
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                             b"Set-Cookie: upstream-session=1\r\nServer-Timing: upstream-internal;dur=1\r\n"
-                             b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(payload), payload))
-            except (OSError, ValueError):
-                return
-
-    def __enter__(self) -> RecordingUpstream:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._closed = True
-        self._thread.join(5)
-        self._sock.close()
-
-
-@dataclass
-class Reply:
-    raw: bytes
-    status: int | None = None
-    headers: dict[str, str] = field(default_factory=dict)
-    body: bytes = b""
-
-
-def raw_request(url: str, data: bytes, timeout: float = 15) -> Reply:
-    """Send ``data`` as is and read until the server closes the connection."""
-    parts = urlsplit(url)
-    received = b""
-    with socket.create_connection((parts.hostname, parts.port), timeout=timeout) as conn:
-        try:
-            conn.sendall(data)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
-        try:
-            while chunk := conn.recv(65536):
-                received += chunk
-        except ConnectionResetError:
-            pass
-    reply = Reply(received)
-    if received.startswith(b"HTTP/1."):
-        head, _, reply.body = received.partition(b"\r\n\r\n")
-        lines = head.decode("latin-1").split("\r\n")
-        reply.status = int(lines[0].split(" ", 2)[1])
-        for line in lines[1:]:
-            name, _, value = line.partition(":")
-            reply.headers[name.strip().lower()] = value.strip()
-    return reply
-
-
-def request_bytes(method: str, target: str, key: str | None, *lines: str, body: bytes = b"",
-                  host: str = "gateway") -> bytes:
-    head = [f"{method} {target} HTTP/1.1", f"Host: {host}"]
-    if key is not None:
-        head.append(f"Authorization: Bearer {key}")
-    head += [*lines, "Connection: close"]
-    return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
-
-
-def error_of(response: httpx.Response | Reply) -> dict[str, Any]:
-    body = response.content if isinstance(response, httpx.Response) else response.body
-    return json.loads(body)["error"]
-
-
-def _env(workdir: Path, name: str, **extra: str) -> dict[str, str]:
-    return {"OTEL_LLM_HOST_METRICS": "false", "OTEL_LLM_GPU_METRICS": "false", "OTEL_LLM_RUNTIME_METRICS": "false",
-            "OTEL_LLM_TRACES_FILE": str(workdir / f"{name}-traces.jsonl"), **extra}
 
 
 def _new_records(gateway: GatewayProcess, before: int, expected: int) -> list[dict[str, Any]]:
@@ -209,7 +60,7 @@ def gateway(sim_process: Any, workdir: Path) -> Iterator[GatewayProcess]:
         "carol": {"routes": ["/v1/models"], "rate": 0.02, "burst": 3},  # 3 at once, then one per 50 s
     }
     # these tests send many refused requests from one address on purpose: no refusal budget
-    with GatewayProcess(sim_process.base_url, keys, env=_env(workdir, "sim"), max_concurrency=1, max_queue=2,
+    with GatewayProcess(sim_process.base_url, keys, env=gateway_env(workdir, "sim"), max_concurrency=1, max_queue=2,
                         max_queue_wait=20, max_body_bytes=1000, refusal_burst=100_000) as gw:
         yield gw
 
@@ -222,7 +73,7 @@ def recorder() -> Iterator[RecordingUpstream]:
 
 @pytest.fixture(scope="module")
 def rec_gateway(recorder: RecordingUpstream, workdir: Path) -> Iterator[GatewayProcess]:
-    with GatewayProcess(recorder.url, {"alice": {"routes": ["/v1/*"]}, "bob": {}}, env=_env(workdir, "rec"),
+    with GatewayProcess(recorder.url, {"alice": {"routes": ["/v1/*"]}, "bob": {}}, env=gateway_env(workdir, "rec"),
                         max_concurrency=1, max_queue=1, max_queue_wait=0.5, max_body_bytes=1000,
                         refusal_burst=100_000) as gw:
         yield gw
@@ -444,7 +295,7 @@ def test_upstream_key_replaces_the_callers(recorder: RecordingUpstream, workdir:
     """With ``upstream_key_env`` the runtime gets the gateway's own key, never the caller's, and
     that runtime key goes nowhere else (replies, logs)."""
     runtime_key = "rt-CANARY-runtime-key-55e1"
-    env = _env(workdir, "upstream-key", GATEWAY_TEST_RUNTIME_KEY=runtime_key)
+    env = gateway_env(workdir, "upstream-key", GATEWAY_TEST_RUNTIME_KEY=runtime_key)
     with GatewayProcess(recorder.url, {"alice": {}}, env=env, upstream_key_env="GATEWAY_TEST_RUNTIME_KEY") as gw:
         before = recorder.count()
         with httpx.Client(base_url=gw.url, timeout=10) as client:
@@ -631,7 +482,7 @@ class TracedRun:
 @pytest.fixture(scope="module")
 def traced(sim_process: Any, workdir: Path) -> Iterator[TracedRun]:
     with OtlpHttpCollector() as collector:
-        env = _env(workdir, "traced", OTEL_LLM_ENDPOINT=collector.endpoint)
+        env = gateway_env(workdir, "traced", OTEL_LLM_ENDPOINT=collector.endpoint)
         gateway = GatewayProcess(sim_process.base_url, {"alice": {"routes": ["/v1/*"]}}, env=env).start()
         exit_code = None
         try:

@@ -18,8 +18,8 @@ from otel_llm import semconv as sc
 from otel_llm.parse.server_timing import parse_server_timing
 from otel_llm.tools.gateway.process import GatewayProcess
 from otel_llm.tools.sim import SimProcess
-from tests.conftest import Otel
-from tests.helpers_servers import OtlpHttpCollector, attributes_of
+from otel_llm_testing.otel import Otel
+from otel_llm_testing.collectors import OtlpHttpCollector, attributes_of
 
 KIND_INTERNAL, KIND_SERVER, KIND_CLIENT = 1, 2, 3  # OTLP numbering
 CLOCK_TOL_NS = 2_000_000  # two processes read the same clock through separate epoch anchors

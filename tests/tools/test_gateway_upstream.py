@@ -31,8 +31,8 @@ from otel_llm.tools.gateway.server_telemetry import GatewayTelemetry
 from otel_llm.tools.gateway.upstream import HIGH_WATER, Response, Upstream
 from otel_llm.instrumentor import current_telemetry
 from otel_llm.tools.sim import SimProcess
-from tests.conftest import Otel, make_otel
-from tests.helpers_servers import ModelServer
+from otel_llm_testing.otel import Otel, make_otel
+from otel_llm_testing.model_server import ModelServer
 
 CHAT = b"/v1/chat/completions"
 JSON = [("content-type", "application/json")]

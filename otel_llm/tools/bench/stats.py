@@ -38,7 +38,12 @@ RUNQUEUE_SHARE = 0.5  # ... and on a CPU it did not get when at least this share
 
 
 def percentile(values: Sequence[float], p: float) -> float | None:
-    """The p-th percentile (0..100), linear between closest ranks; None for no values."""
+    """The ``p``-th percentile of ``values``, ``p`` from 0 to 100 (not a fraction), interpolated
+    linearly between the two closest ranks: rank ``(n - 1) * p / 100`` of the sorted values, numpy's
+    default method ("linear") and so ``vllm bench serve``'s. None for no values.
+
+    The repository's one definition of a percentile: the benchmarks report theirs with it too, so
+    every p90 or p99 it prints means the same thing."""
     if not values:
         return None
     ordered = sorted(values)

@@ -25,8 +25,13 @@ from typing import Any
 
 from otel_llm_testing import markers
 from otel_llm_testing.llama_server import DEFAULT_CACHE
+from otel_llm_testing.subprocesses import REPO
 
-CLIENTS_DIR = Path(__file__).resolve().parent / "fixtures" / "clients"
+__all__ = ["CLIENTS_DIR", "GO_SOURCE", "GO_USER_AGENT", "NODE_SCRIPT", "OPENAI_JS_USER_AGENT", "OPENAI_JS_VERSION",
+           "TABLE_HEADER", "ClientError", "curl_version", "go_client", "go_version", "node_openai", "node_version",
+           "run_go", "run_node", "table_rows"]
+
+CLIENTS_DIR = REPO / "tests" / "fixtures" / "clients"
 NODE_SCRIPT = CLIENTS_DIR / "openai_chat.cjs"
 GO_SOURCE = CLIENTS_DIR / "stream_chat.go"
 OPENAI_JS_VERSION = "6.49.0"  # the newest openai release that still runs on Node.js 20 (7.x needs 22)

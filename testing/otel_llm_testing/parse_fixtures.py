@@ -1,12 +1,14 @@
-"""Fixtures shared by the request and response parser tests."""
+"""The recorded request and response bodies the parser tests share (``tests/fixtures/parse/``), and
+every API name they run through."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from otel_llm.parse import routes as r
+from otel_llm_testing.subprocesses import REPO
 
-FIXTURES = Path(__file__).parents[1] / "fixtures" / "parse"
+__all__ = ["ALL_APIS", "FIXTURES", "load"]
+
+FIXTURES = REPO / "tests" / "fixtures" / "parse"
 ALL_APIS = [
     r.API_OPENAI_CHAT, r.API_OPENAI_COMPLETIONS, r.API_OPENAI_RESPONSES,
     r.API_ANTHROPIC_MESSAGES, r.API_OLLAMA_CHAT, r.API_OLLAMA_GENERATE,
@@ -16,4 +18,5 @@ ALL_APIS = [
 
 
 def load(name: str) -> bytes:
+    """The recorded fixture ``name``."""
     return (FIXTURES / name).read_bytes()

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from importlib.metadata import version
 from typing import Any, Callable
 
+__all__ = ["CASES", "MESSAGES", "OLLAMA", "OPENAI", "TRANSPORT_PHASES", "Case", "Driver"]
+
 OPENAI, OLLAMA = "openai", "ollama"  # the API a case speaks: OpenAI chat or Ollama /api/chat
 
 # The phases each transport gives a call. The matrix test checks the plain-HTTP ones for every

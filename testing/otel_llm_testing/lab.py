@@ -1,4 +1,4 @@
-"""Loopback test-lab helpers: a latency-adding TCP proxy and a tiny authenticating HTTP gateway.
+"""Loopback lab servers for the diagnose tests: a latency-adding TCP proxy and a tiny authenticating HTTP gateway.
 
 Both listen on 127.0.0.1 only, run in daemon threads and are context managers::
 
