@@ -38,6 +38,8 @@ if TYPE_CHECKING:  # each observer's module is imported only when that observer 
     from otel_llm.observers.restarts import RestartWatch
     from otel_llm.observers.runtime_state import RuntimeStateObserver
 
+__all__ = ["Observers"]
+
 _T = TypeVar("_T")
 
 

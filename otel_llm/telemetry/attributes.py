@@ -20,6 +20,11 @@ if TYPE_CHECKING:
     from otel_llm.parse.response import ResponseInfo
     from otel_llm.parse.routes import Route
 
+__all__ = [
+    "REDACTED", "endpoint_attributes", "provider_name", "request_attributes", "response_attributes", "sanitize_url",
+    "span_name",
+]
+
 _SECRET_QUERY_KEY = re.compile(
     r"(?i)(key|token|secret|password|passwd|pwd|auth|signature|sig|credential|session|code)"
 )

@@ -37,6 +37,11 @@ if TYPE_CHECKING:
     from otel_llm.parse.framing import StreamStats
     from otel_llm.parse.runtimes import RuntimeCounters
 
+__all__ = [
+    "CONTEXT_PRESSURE", "bottleneck", "cold_start", "context_pressure", "held_back", "stream_buffered",
+    "unaccounted_wait",
+]
+
 COLD_LOAD_SECONDS = 0.25
 BURST_TOKENS = 3.0
 SILENCE_FACTOR = 3.0

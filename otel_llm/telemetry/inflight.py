@@ -13,6 +13,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+__all__ = ["Admission", "InFlight"]
+
 Server = tuple[str, int]
 
 

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from otel_llm.parse.runtimes import RuntimeCounters
     from otel_llm.telemetry.phases import Phase
 
+__all__ = ["CallMetrics", "call_metrics"]
+
 # Metric attributes: the GenAI common set (low cardinality; no ids, no URLs).
 _METRIC_KEYS = (
     sc.GEN_AI_OPERATION_NAME, sc.GEN_AI_PROVIDER_NAME, sc.GEN_AI_REQUEST_MODEL,

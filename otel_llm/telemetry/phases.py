@@ -14,6 +14,8 @@ from typing import NamedTuple
 from otel_llm import semconv as sc
 from otel_llm.capture.record import Timeline
 
+__all__ = ["Phase", "compute_phases"]
+
 # (span name, the timeline's mark that starts the phase, the mark that ends it)
 _NAMED_PHASES = (
     (sc.SPAN_POOL_WAIT, "pool_start", "pool_end"),

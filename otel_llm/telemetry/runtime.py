@@ -27,6 +27,8 @@ from otel_llm.telemetry.phases import Phase
 if TYPE_CHECKING:
     from otel_llm.parse.runtimes import RuntimeCounters
 
+__all__ = ["runtime_attributes", "synthesized_spans"]
+
 _NS = 1_000_000_000
 
 # RuntimeCounters field -> span attribute; set only when the runtime reported it.

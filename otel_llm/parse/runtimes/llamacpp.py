@@ -16,6 +16,8 @@ from otel_llm.parse.runtimes._common import (
     Field, RuntimeCounters, as_dict, fill, flag, get, map_reasons, ms, native_of, rate, reasons_of, tokens,
 )
 
+__all__ = ["NAME", "NATIVE_LLAMACPP_TIMINGS", "NATIVE_TRUNCATED"]
+
 NAME = "llama.cpp"
 NATIVE_LLAMACPP_TIMINGS = "llamacpp.timings"  # ResponseInfo.native keys: `timings`
 NATIVE_TRUNCATED = "llamacpp.truncated"  # and /completion's `truncated` (bool)

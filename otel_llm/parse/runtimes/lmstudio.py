@@ -11,6 +11,8 @@ from otel_llm.parse.runtimes._common import (
     Field, RuntimeCounters, as_dict, fill, map_reasons, native_of, rate, reasons_of, seconds, tokens,
 )
 
+__all__ = ["NAME", "NATIVE_LMSTUDIO_STATS"]
+
 NAME = "lmstudio"
 NATIVE_LMSTUDIO_STATS = "lmstudio.stats"  # ResponseInfo.native key
 NATIVE_KEYS = (NATIVE_LMSTUDIO_STATS,)

@@ -15,6 +15,8 @@ from otel_llm.parse.runtimes._common import (
     text_or_none, tokens,
 )
 
+__all__ = ["NAME", "NATIVE_OLLAMA", "PS_PATH", "SHOW_PATH", "loaded_model", "ps_model", "show_model"]
+
 NAME = "ollama"
 NATIVE_OLLAMA = "ollama"  # ResponseInfo.native key of the done:true counters
 NATIVE_KEYS = (NATIVE_OLLAMA,)

@@ -10,6 +10,8 @@ from otel_llm.parse.runtimes._common import (
     MISSING, RuntimeCounters, evaluated, map_reasons, reasons_of, tokens,
 )
 
+__all__ = ["SOURCE", "SOURCE_KEY", "merge_usage", "read"]
+
 NAME = None  # proves no runtime
 SOURCE_KEY = "openai-compatible"
 SOURCE = (

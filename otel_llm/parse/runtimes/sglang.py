@@ -14,6 +14,8 @@ from otel_llm.parse.runtimes._common import (
     Field, RuntimeCounters, as_dict, evaluated, fill, get, map_reasons, native_of, reasons_of, seconds, tokens,
 )
 
+__all__ = ["NAME", "NATIVE_SGLANG_META"]
+
 NAME = "sglang"
 NATIVE_SGLANG_META = "sglang.meta_info"  # ResponseInfo.native key
 NATIVE_KEYS = (NATIVE_SGLANG_META,)

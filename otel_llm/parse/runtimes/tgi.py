@@ -15,6 +15,8 @@ from otel_llm.parse.runtimes._common import (
     Field, RuntimeCounters, as_dict, fill, map_reasons, ms, native_of, reasons_of, seconds, tokens,
 )
 
+__all__ = ["NAME", "NATIVE_TGI_DETAILS", "NATIVE_TGI_HEADERS", "merge_headers", "tgi_headers"]
+
 NAME = "tgi"
 NATIVE_TGI_HEADERS = "tgi.headers"  # ResponseInfo.native keys: its x-* headers
 NATIVE_TGI_DETAILS = "tgi.details"  # and `details`

@@ -38,6 +38,8 @@ from otel_llm.parse.runtimes._common import (
     Field, RuntimeCounters, as_dict, fill, map_reasons, ms, native_of, reasons_of, tokens,
 )
 
+__all__ = ["NAME", "NATIVE_VLLM_METRICS"]
+
 NAME = "vllm"
 NATIVE_VLLM_METRICS = "vllm.metrics"  # ResponseInfo.native key: the answer's `metrics` object
 NATIVE_KEYS = (NATIVE_VLLM_METRICS,)
