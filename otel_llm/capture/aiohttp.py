@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 
 from otel_llm._log import log_once
 from otel_llm.capture.call import END_CLOSED, END_EOF, END_UNTRACED, CallRequest, LlmCall, perf_ns
-from otel_llm.capture.hooks import ClassAttribute, Patch, SinkGetter, Stack, body_bytes, loaded, start_reaper, watch
+from otel_llm.capture.shared import ClassAttribute, Patch, SinkGetter, Stack, body_bytes, loaded, start_reaper, watch
 
 __all__ = ["STACKS", "patches"]
 

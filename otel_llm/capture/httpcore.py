@@ -19,7 +19,7 @@ from typing import Any, Callable
 from otel_llm._log import log_once
 from otel_llm.capture import httpcore_dns
 from otel_llm.capture.call import CURRENT_CALL, END_CLOSED, END_EOF, END_UNTRACED, CallRequest, LlmCall
-from otel_llm.capture.hooks import ClassAttribute, Patch, SinkGetter, Stack, loaded, start_reaper, watch
+from otel_llm.capture.shared import ClassAttribute, Patch, SinkGetter, Stack, loaded, start_reaper, watch
 
 __all__ = ["LIBRARIES", "STACKS"]
 

@@ -30,7 +30,7 @@ from types import ModuleType
 from typing import Any, Callable
 
 from otel_llm.capture.call import CURRENT_CALL, LlmCall, perf_ns
-from otel_llm.capture.hooks import ClassAttribute, Patch, SinkGetter, Stack, loaded, timed_wait
+from otel_llm.capture.shared import ClassAttribute, Patch, SinkGetter, Stack, loaded, timed_wait
 
 __all__ = ["is_ip", "patches", "stack"]
 

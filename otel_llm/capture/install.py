@@ -1,6 +1,6 @@
 """Patch each HTTP stack when the application imports it; remove every patch on ``deactivate``.
 
-Nothing here imports an HTTP library: a stack (``hooks.Stack``) is patched once all of its
+Nothing here imports an HTTP library: a stack (``shared.Stack``) is patched once all of its
 modules are imported, by a wrapt post-import hook on each of them, or at ``activate`` when they
 already are. wrapt cannot unregister a hook, so each module's hook is registered once per process
 and patches only while a session is active; between sessions a hook that fires does nothing, and
@@ -25,7 +25,7 @@ from wrapt import register_post_import_hook, wrap_function_wrapper
 from otel_llm._log import log_once, logger
 from otel_llm.capture import aiohttp, httpcore, urllib3
 from otel_llm.capture.call import end_open_calls
-from otel_llm.capture.hooks import ClassAttribute, Patch, SinkGetter, Stack, flush_collected
+from otel_llm.capture.shared import ClassAttribute, Patch, SinkGetter, Stack, flush_collected
 
 __all__ = ["STACKS", "activate", "deactivate", "end_calls", "patched_stacks"]
 

@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 from otel_llm._log import log_once
 from otel_llm.capture.call import CURRENT_CALL, END_CLOSED, END_EOF, END_UNTRACED, CallRequest, LlmCall, perf_ns
-from otel_llm.capture.hooks import ClassAttribute, Patch, SinkGetter, Stack, body_bytes, loaded, timed_wait
+from otel_llm.capture.shared import ClassAttribute, Patch, SinkGetter, Stack, body_bytes, loaded, timed_wait
 from otel_llm.capture.httpcore_dns import is_ip
 
 __all__ = ["STACKS", "patches"]

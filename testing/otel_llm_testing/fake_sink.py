@@ -10,7 +10,7 @@ import socket
 from typing import Any
 
 from otel_llm.capture.call import CallRecord, CallRequest, LlmCall
-from otel_llm.capture.hooks import flush_collected
+from otel_llm.capture.shared import flush_collected
 from otel_llm.parse import routes
 
 __all__ = ["CHAT", "CHAT_PATH", "CHAT_ROUTE", "MARK", "NAME", "STREAM", "FakeSink", "SeamSink", "addrinfo",

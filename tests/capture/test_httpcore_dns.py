@@ -24,7 +24,7 @@ from otel_llm.capture import httpcore_dns
 from otel_llm.capture import install
 from otel_llm.capture.install import _is_ours, _layers
 from otel_llm.capture.call import CURRENT_CALL, END_ERROR, CallRequest, LlmCall
-from otel_llm.capture.hooks import Patch
+from otel_llm.capture.shared import Patch
 from otel_llm.parse import routes
 from otel_llm_testing.fake_sink import CHAT, CHAT_PATH, NAME, addrinfo
 from otel_llm_testing.fake_sink import FakeSink as _Sink

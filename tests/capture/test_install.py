@@ -203,7 +203,7 @@ import json, sys
 sys.path.insert(0, sys.argv[1])
 import otel_llm
 from otel_llm.capture import install
-from otel_llm.capture.hooks import Patch, Stack
+from otel_llm.capture.shared import Patch, Stack
 
 def wrapper(wrapped, instance, args, kwargs):
     return "patched " + wrapped(*args, **kwargs)

@@ -19,7 +19,7 @@ import urllib3
 
 import otel_llm
 from otel_llm import semconv as sc
-from otel_llm.capture.hooks import flush_collected
+from otel_llm.capture.shared import flush_collected
 from otel_llm_testing.clients import TRANSPORT_PHASES
 from otel_llm_testing.otel import Otel, make_otel
 from otel_llm_testing.simulator import configure_sim

@@ -24,7 +24,7 @@ from otel_llm.capture import urllib3 as adapter
 from otel_llm.capture.call import (
     CURRENT_CALL, END_CLOSED, END_EOF, END_ERROR, END_UNTRACED, CallRequest, LlmCall,
 )
-from otel_llm.capture.hooks import flush_collected
+from otel_llm.capture.shared import flush_collected
 from otel_llm.capture.record import TlsInfo
 from otel_llm.parse import routes
 from otel_llm_testing.simulator import configure_sim

@@ -86,7 +86,7 @@ def test_garbage_collected_unconsumed_response(sim, otel: Otel) -> None:
     assert otel.calls() == []
     del response
     gc.collect()
-    from otel_llm.capture.hooks import flush_collected
+    from otel_llm.capture.shared import flush_collected
     assert flush_collected()
     call, _ = otel.one_call()
     assert call.attributes[sc.LLM_CLIENT_END_REASON] in ("garbage_collected", "closed")

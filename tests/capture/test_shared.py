@@ -12,9 +12,11 @@ from typing import Any
 
 import pytest
 
-from otel_llm.capture import hooks
+from otel_llm.capture import shared
 from otel_llm.capture.call import END_EOF, END_GC, CallRecord, CallRequest, LlmCall, perf_ns
-from otel_llm.capture.hooks import body_bytes, flush_collected, loaded, optional_module, start_reaper, timed_wait, watch
+from otel_llm.capture.shared import (
+    body_bytes, flush_collected, loaded, optional_module, start_reaper, timed_wait, watch,
+)
 from otel_llm.parse import routes
 
 CHAT = routes.Route(routes.API_OPENAI_CHAT, routes.OP_CHAT, None)
@@ -127,8 +129,8 @@ def test_optional_module_imports_or_answers_none() -> None:
 
 def test_a_collected_response_finishes_its_call_at_collection_time(monkeypatch: pytest.MonkeyPatch) -> None:
     start_reaper()
-    recording = _RecordingQueue(hooks._collected)
-    monkeypatch.setattr(hooks, "_collected", recording)
+    recording = _RecordingQueue(shared._collected)
+    monkeypatch.setattr(shared, "_collected", recording)
     call, sink = _call()
     response = _Response()
     watch(response, call)
@@ -146,8 +148,8 @@ def test_a_collected_response_finishes_its_call_at_collection_time(monkeypatch: 
 
 def test_a_response_collected_after_its_call_ended_queues_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     start_reaper()
-    recording = _RecordingQueue(hooks._collected)
-    monkeypatch.setattr(hooks, "_collected", recording)
+    recording = _RecordingQueue(shared._collected)
+    monkeypatch.setattr(shared, "_collected", recording)
     call, sink = _call()
     response = _Response()
     watch(response, call)
@@ -186,7 +188,7 @@ def test_flush_waits_for_calls_collected_before_it() -> None:
 
 def test_start_reaper_twice_keeps_one_thread() -> None:
     start_reaper()
-    first = hooks._reaper
+    first = shared._reaper
     start_reaper()
-    assert hooks._reaper is first and first is not None and first.is_alive() and first.daemon
+    assert shared._reaper is first and first is not None and first.is_alive() and first.daemon
     assert first.name == "otel_llm-collected"
