@@ -14,6 +14,7 @@ MeterProvider, as in ``overhead.py``.
     python benchmarks/instructions.py --peers [--configs none,httpx-official,otel_llm,sdk-floor,openlit,openllmetry]
     python benchmarks/instructions.py --records [--calls 200]
     python benchmarks/instructions.py --replay [--streams 6] [--tokens 256] [--repeat 3]
+    python benchmarks/instructions.py --seam [--calls 100]
 
 ``--peers`` runs the workloads of ``peers.py`` instead (raw httpx and the openai client,
 non-streamed calls and streams, the async openai client for per chunk) for each configuration in
@@ -22,6 +23,11 @@ its own virtualenv, and prints otel_llm's ratios to the cheaper peer (see ``_pee
 ``--records`` counts what the OpenTelemetry SDK alone spends on one histogram record, by the
 number of attributes it carries and with an exemplar (recorded in a sampled span's context): the
 unit cost under each of the records a model call makes.
+
+``--seam`` counts otel_llm's own work alone: calls driven straight through capture's seam
+(``LlmCall`` on the session's sink; no HTTP stack, socket or simulator, see ``_seam_cost.py``),
+per call (N and 3N calls of 20 chunks) and per chunk (20 and 220 chunks a call). It moves only
+when otel_llm's call path does: the figure to compare before and after a change to it.
 
 ``--replay`` gives the per-chunk figure of the async openai client without a live stream: the
 simulator's stream is recorded once and split into its events, and each child replays them
@@ -171,6 +177,26 @@ def per_call(valgrind: str, config: str, stack: str, count: int, tokens: int, ur
     return (runs[1] - runs[0]) / count
 
 
+SEAM_CHUNKS = (20, 220)
+
+
+def seam_costs(valgrind: str, count: int, workdir: Path) -> dict[str, float]:
+    """otel_llm's instructions per call and per chunk through capture's seam (``_seam_cost.py``)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SOURCE), str(SOURCE / "testing")])}
+    script = str(Path(__file__).resolve().parent / "_seam_cost.py")
+
+    def total(calls: int, chunks: int) -> int:
+        return _counts(valgrind, [sys.executable, script, str(calls), str(chunks)], env, workdir)[1]
+
+    few, many = SEAM_CHUNKS
+    base = total(count, few)
+    figures = {"call": (total(3 * count, few) - base) / (2 * count),
+               "chunk": (total(count, many) - base) / (count * (many - few))}
+    print(f"through the seam: {figures['call'] / 1e3:8.1f} k instructions per call ({few} chunks), "
+          f"{figures['chunk'] / 1e3:6.2f} k per chunk", flush=True)
+    return figures
+
+
 def record_costs(valgrind: str, count: int, workdir: Path) -> dict[str, float]:
     """Instructions of one histogram record per case of ``RECORD_CASES``, and per attribute."""
     figures = {}
@@ -274,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="per chunk of the async openai client, from recorded streams replayed "
                              "(--streams, --tokens)")
     parser.add_argument("--repeat", type=int, default=3, help="with --replay: runs of each child, the median kept")
+    parser.add_argument("--seam", action="store_true",
+                        help="otel_llm's own cost per call and per chunk through capture's seam (no HTTP stack)")
     parser.add_argument("--records", action="store_true",
                         help="the SDK's instructions per histogram record by attribute count (--calls records, and 2x)")
     parser.add_argument("--runtime", default="llama.cpp",
@@ -284,9 +312,11 @@ def main(argv: list[str] | None = None) -> int:
     valgrind = shutil.which("valgrind")
     if valgrind is None:
         parser.error("valgrind is not installed")
-    if args.replay or args.records:
+    if args.replay or args.records or args.seam:
         with tempfile.TemporaryDirectory() as tmp:
-            if args.replay:
+            if args.seam:
+                figures = seam_costs(valgrind, args.calls, Path(tmp))
+            elif args.replay:
                 figures = chunk_replay(valgrind, args.streams, args.tokens, args.repeat, Path(tmp))
             else:
                 figures = record_costs(valgrind, args.calls, Path(tmp))

@@ -126,6 +126,22 @@ def test_record_costs_count_the_sdk_per_histogram_record() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_seam_costs_count_otel_llm_alone_per_call_and_per_chunk() -> None:
+    """``instructions.py --seam``, shortened: otel_llm's own instructions per call and per chunk,
+    with no HTTP stack (three children under callgrind)."""
+    assert "python benchmarks/instructions.py --seam" in PERFORMANCE
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "instructions.py"), "--seam",
+                             "--calls", "10"], capture_output=True, text=True, timeout=580, env=ENV)
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = re.search(r"^through the seam: +([\d.]+) k instructions per call \(20 chunks\), +([\d.]+) k per chunk$",
+                      result.stdout, re.M)
+    assert found, result.stdout
+    per_call, per_chunk = float(found.group(1)), float(found.group(2))
+    assert 100 < per_call < 10_000 and 1 < per_chunk < 100 and per_chunk * 20 < per_call, result.stdout
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_replayed_streams_give_the_per_chunk_figure() -> None:
     """``instructions.py --replay``, shortened to one 256-token stream per run: the client's
