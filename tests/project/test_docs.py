@@ -161,6 +161,8 @@ RUN_BY = {
     "python benchmarks/instructions.py": PROJECT + "test_commands.py::test_instruction_counts_run_under_callgrind",
     "python benchmarks/instructions.py --records":
         PROJECT + "test_commands.py::test_record_costs_count_the_sdk_per_histogram_record",
+    "python benchmarks/instructions.py --seam":
+        PROJECT + "test_commands.py::test_seam_costs_count_otel_llm_alone_per_call_and_per_chunk",
     "python benchmarks/instructions.py --replay":
         PROJECT + "test_commands.py::test_replayed_streams_give_the_per_chunk_figure",
     "python benchmarks/instructions.py --peers":
