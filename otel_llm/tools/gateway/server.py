@@ -32,11 +32,12 @@ def _upstream_key(config: GatewayConfig) -> str | None:
 
 
 def build_app(config: GatewayConfig, **instrument_options: Any) -> tuple[Gateway, Any]:
-    """The ASGI app and the providers behind its telemetry (flushed at lifespan shutdown).
+    """The ASGI app and the providers behind its telemetry (flushed at lifespan shutdown, when the
+    session that owns them stops).
 
-    The core instrumentation is switched on in this process with the same providers, so the
-    upstream call becomes a child of the gateway's SERVER span. As the proxy (``role`` "proxy")
-    that call is recorded as the caller's own (not marked relayed), with the summary line an
+    The core instrumentation is switched on in this process and the gateway records with its
+    session's providers, so the upstream call becomes a child of the gateway's SERVER span. As the
+    proxy (``role`` "proxy") that call is recorded as the caller's own (not marked relayed), with the summary line an
     instrumented application prints."""
     proxy = config.role == PROXY
     defaults: dict[str, Any] = {}
@@ -65,7 +66,7 @@ def build_app(config: GatewayConfig, **instrument_options: Any) -> tuple[Gateway
                                                config.access_log_backups),
                                  (lambda: holder["app"].admission.depth) if config.authenticates else None,
                                  user_agent=proxy)
-    app = holder["app"] = Gateway(config, telemetry, key, on_shutdown=[otel_llm.uninstrument, providers.shutdown],
+    app = holder["app"] = Gateway(config, telemetry, key, on_shutdown=[otel_llm.uninstrument],
                                   call_sink=call_sink)
     return app, providers
 
