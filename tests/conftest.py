@@ -38,6 +38,16 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     markers.allow(mark.name for mark in item.iter_markers())
 
 
+@pytest.fixture(autouse=True)
+def _no_open_calls_carried_over() -> Iterator[None]:
+    """Capture keeps the calls not finished yet in one process-wide table; a unit test that opens a
+    call and never finishes it would leave it there for the next test's "nothing left behind"."""
+    from otel_llm.capture import call
+
+    yield
+    call._open.clear()
+
+
 @pytest.fixture
 def otel() -> Iterator[Otel]:
     """An instrumented process whose spans and metrics stay in memory."""

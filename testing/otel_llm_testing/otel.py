@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,7 +13,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-__all__ = ["Otel", "make_otel"]
+__all__ = ["Otel", "make_otel", "until_recognized"]
 
 
 @dataclass
@@ -61,3 +62,17 @@ def make_otel() -> Otel:
     tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
     reader = InMemoryMetricReader()
     return Otel(exporter, reader, tracer_provider, MeterProvider(metric_readers=[reader]))
+
+
+def until_recognized(host: str, port: int, timeout: float = 30.0) -> str | None:
+    """Wait (bounded) for the running session's observers to recognize the server at host:port;
+    they do it on their own thread, from /proc and the server's own endpoints, so on a loaded
+    machine calls made at once may come before it. Returns the runtime, or None at the deadline."""
+    import otel_llm
+
+    session = otel_llm.current_session()
+    assert session is not None and session.observers is not None, "no running session with observers"
+    deadline = time.monotonic() + timeout
+    while (runtime := session.observers.runtime_of(host, port)) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return runtime

@@ -30,7 +30,7 @@ from otel_llm import semconv as sc
 from otel_llm.tools.gateway.process import GatewayProcess
 from otel_llm_testing.phoenix import PhoenixServer
 from otel_llm_testing.vllm import VllmServer
-from otel_llm_testing.otel import Otel, make_otel
+from otel_llm_testing.otel import Otel, make_otel, until_recognized
 from otel_llm.tools.view import group_calls, render_calls
 from otel_llm.export.jsonl import read_jsonl
 from otel_llm_testing.collectors import OtlpHttpCollector
@@ -108,17 +108,9 @@ def _warm(client: openai.OpenAI) -> None:
 
 
 def _until_recognized(vllm: VllmServer, timeout: float = 30.0) -> None:
-    """Wait (bounded) for the observers to recognize the server the warm-up call went to: they
-    do it on their own thread, from /proc and its /metrics; on a loaded CI machine the first poll
+    """The observers recognize the server off the call path: on a loaded CI machine the first poll
     came after the calls that followed at once (no llm.runtime.name on them)."""
-    from otel_llm.instrumentor import current_telemetry
-
-    telemetry = current_telemetry()
-    observers = telemetry.observers if telemetry is not None else None
-    deadline = time.monotonic() + timeout
-    while (observers is not None and observers.runtime_of("127.0.0.1", vllm.port) is None
-           and time.monotonic() < deadline):
-        time.sleep(0.05)
+    until_recognized("127.0.0.1", vllm.port, timeout)
 
 
 # --- the real clients, recognized and timed ------------------------------------------------------
