@@ -69,6 +69,9 @@ class Providers:
     meter_provider: metrics.MeterProvider
     owned: list[OwnedProvider] = field(default_factory=list)  # created here: shut down here
     description: str = ""
+    # where otel_llm's own tracer provider sends spans ("OTLP <protocol> to <endpoint>" or the
+    # traces file's path); empty when the spans go to the application's tracer provider
+    traces_to: str = ""
 
     def shutdown(self, timeout: float | None = None) -> None:
         """Flush and shut down the providers otel_llm created, waiting at most ``timeout`` seconds
@@ -264,7 +267,7 @@ def build_providers(options: Options) -> Providers:
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     owned: list[OwnedProvider] = []
-    description = ""
+    description = traces_to = ""
     resource = _resource(options)
     endpoint = _otlp_endpoint(options)
     exporters = metrics_exporters() if given_meter is None else frozenset()
@@ -282,9 +285,11 @@ def build_providers(options: Options) -> Providers:
         own_tracer = TracerProvider(resource=resource, shutdown_on_exit=False)
         if span_exporter is not None:
             own_tracer.add_span_processor(BatchSpanProcessor(span_exporter))
+            traces_to = description
         else:
             _add_embedded(own_tracer, options)
-            description = f"embedded default: {os.path.abspath(options.traces_file)}"
+            traces_to = os.path.abspath(options.traces_file)
+            description = f"embedded default: {traces_to}"
         owned.append(own_tracer)
         given_tracer = own_tracer
     if given_meter is None:
@@ -301,7 +306,7 @@ def build_providers(options: Options) -> Providers:
         own_meter = MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False)
         owned.append(own_meter)
         given_meter = own_meter
-    return Providers(given_tracer, given_meter, owned, description)
+    return Providers(given_tracer, given_meter, owned, description, traces_to)
 
 
 def _add_embedded(tracer_provider: SdkTracerProvider, options: Options) -> None:

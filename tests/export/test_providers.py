@@ -169,6 +169,7 @@ def test_an_application_tracer_provider_gets_no_unused_span_exporter(
     (reader,) = metric_readers(providers.meter_provider)
     assert isinstance(reader, PeriodicExportingMetricReader)
     assert providers.description == f"application tracer provider; metrics OTLP {protocol} to {closed_endpoint}"
+    assert providers.traces_to == ""  # the spans are the application's
 
 
 # --- OTLP ---------------------------------------------------------------------------------------
@@ -189,6 +190,7 @@ def test_an_http_endpoint_gets_the_signal_paths(built: list[prov.Providers], clo
 def test_a_grpc_endpoint_is_passed_as_is(built: list[prov.Providers], closed_endpoint: str) -> None:
     providers = build(built, endpoint=closed_endpoint, protocol="grpc")
     assert providers.description == f"OTLP grpc to {closed_endpoint}"
+    assert providers.traces_to == f"OTLP grpc to {closed_endpoint}"
     spans = span_exporter(providers.tracer_provider)
     assert isinstance(spans, GrpcSpanExporter) and spans._endpoint == closed_endpoint.removeprefix("http://")
     (reader,) = metric_readers(providers.meter_provider)
@@ -256,6 +258,7 @@ def test_without_an_endpoint_spans_go_to_the_file_and_the_summary(built: list[pr
     path = tmp_path / "spans.jsonl"
     providers = build(built, traces_file=str(path), traces_file_max_bytes=4096, traces_file_backups=3)
     assert providers.description == f"embedded default: {path}"
+    assert providers.traces_to == str(path)
     batch, summary = span_processors(providers.tracer_provider)
     exporter = batch._batch_processor._exporter
     assert isinstance(exporter, JsonLinesSpanExporter) and exporter.path == str(path)

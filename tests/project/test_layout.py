@@ -110,6 +110,24 @@ def test_no_module_imports_another_package_s_private_module() -> None:
     assert not bad, sorted(set(bad))
 
 
+def test_the_tools_use_only_the_sdk_s_public_names() -> None:
+    """The commands and servers are clients of the SDK: no SDK module or name with a leading
+    underscore (their own private modules are theirs)."""
+    bad = []
+    for path in sorted((ROOT / "otel_llm" / "tools").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names = [f"{node.module}.{alias.name}" for alias in node.names]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            bad += [f"{path.relative_to(ROOT)}: {name}" for name in names
+                    if name.startswith("otel_llm.") and not name.startswith("otel_llm.tools.")
+                    and any(part.startswith("_") and part != "__version__" for part in name.split(".")[1:])]
+    assert bad == [], bad
+
+
 def test_no_cycle_between_packages() -> None:
     graph: dict[str, set[str]] = defaultdict(set)
     for module, names in _imports().items():

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 import psutil
 
-from otel_llm._log import log_once
+from otel_llm.tools._log import log_once
 from otel_llm.observers.processes import listening_runtimes
 
 __all__ = ["MemoryPeak", "MemoryWatch", "server_processes"]

@@ -119,9 +119,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     exporter = InMemorySpanExporter()
     tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
-    traces_file = session.options.traces_file
-    traced_to = session.providers.description if "OTLP" in session.providers.description else \
-        os.path.abspath(traces_file)
+    traced_to = session.providers.traces_to or os.path.abspath(session.options.traces_file)
     started = time.perf_counter()
     results: list[TargetResult] = []
     found: list[list[Verdict]] = []
@@ -161,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
             "auth_env": args.auth_env, "auth_sent": bool(secret),
             "runtimes": [{"url": r.url, "name": r.runtime_name, "version": r.runtime_version} for r in results],
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(time.time() - elapsed)),
-            "duration_s": round(elapsed, 3), "traces_file": os.path.abspath(traces_file),
+            "duration_s": round(elapsed, 3), "traces_file": os.path.abspath(session.options.traces_file),
         }
         record = report.json_record(config, results, found, redact)
         if args.json:

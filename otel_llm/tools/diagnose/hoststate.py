@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from otel_llm._log import log_once
+from otel_llm.tools._log import log_once
 from otel_llm.observers.host import VMSTAT_PATH, read_vmstat
 from otel_llm.observers.registry import Server
 from otel_llm.observers.restarts import listener_pid

@@ -30,7 +30,7 @@ import httpx
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from otel_llm._log import log_once
+from otel_llm.tools._log import log_once
 from otel_llm.capture.call import CallSink
 from otel_llm.tools.gateway.auth import Denied, KeyStore, check_model, check_path, check_route, credentials
 from otel_llm.tools.gateway.settings import PROXY, GatewayConfig, KeyPolicy

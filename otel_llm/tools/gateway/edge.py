@@ -27,7 +27,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from otel_llm._log import log_once
+from otel_llm.tools._log import log_once
 
 __all__ = ["EdgeLimits", "edge_protocol"]
 

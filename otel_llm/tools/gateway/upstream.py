@@ -30,7 +30,7 @@ import httptools
 import httpx
 from opentelemetry import propagate
 
-from otel_llm._log import log_once
+from otel_llm.tools._log import log_once
 from otel_llm.capture.call import END_CLOSED, END_EOF, CallRequest, CallSink, LlmCall
 from otel_llm.capture.httpcore_dns import is_ip
 
