@@ -39,6 +39,10 @@ def instrument(
     runtime_metrics: bool | None = None,
     poll_runtimes: str | None = None,
     sample_interval: float | None = None,
+    sample_rate: float | None = None,
+    sample_keep: Sequence[str] | str | None = None,
+    slow_ttft: float | None = None,
+    slow_duration: float | None = None,
 ) -> None:
     """Start tracing model calls. Idempotent: a second call while instrumented does nothing.
 

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_TRACES_FILE", "ENV_SEMCONV_OPT_IN", "ENV_VARS", "GENAI_DEFAULT", "GENAI_DUP", "GENAI_LATEST", "Options",
-    "POLL_MODES", "genai_semconv", "resolve",
+    "KEEP_REASONS", "POLL_MODES", "genai_semconv", "resolve",
 ]
 
 DEFAULT_TRACES_FILE = "otel-llm-traces.jsonl"
@@ -44,7 +44,13 @@ ENV_VARS: dict[str, str] = {
     "runtime_metrics": "OTEL_LLM_RUNTIME_METRICS",
     "poll_runtimes": "OTEL_LLM_POLL_RUNTIMES",
     "sample_interval": "OTEL_LLM_SAMPLE_INTERVAL",
+    "sample_rate": "OTEL_LLM_SAMPLE_RATE",
+    "sample_keep": "OTEL_LLM_SAMPLE_KEEP",
+    "slow_ttft": "OTEL_LLM_SLOW_TTFT",
+    "slow_duration": "OTEL_LLM_SLOW_DURATION",
 }
+# the calls kept whatever the sample rate (otel_llm.telemetry.sampling); all by default
+KEEP_REASONS = ("failed", "slow", "cold", "buffered", "queued", "restart", "retry")
 # OpenTelemetry's switch from one version of a domain's semantic conventions to the next: a
 # comma-separated list, each domain reading its own values (``http``, ``database``... are others').
 ENV_SEMCONV_OPT_IN = "OTEL_SEMCONV_STABILITY_OPT_IN"
@@ -74,6 +80,10 @@ class Options:
     runtime_metrics: bool = True
     poll_runtimes: str = "local"  # configured | local | all (otel_llm.observers.poll_policy)
     sample_interval: float = 1.0
+    sample_rate: float | None = None  # None: every call recorded (the tracer's sampler decides)
+    sample_keep: tuple[str, ...] = KEEP_REASONS
+    slow_ttft: float | None = None  # seconds: a fixed "slow" threshold beside the typical value's
+    slow_duration: float | None = None
 
 
 def _warn(name: str, value: Any, why: str) -> None:
@@ -112,6 +122,40 @@ def _parse_count(name: str, value: Any, default: int) -> int:
         _warn(name, value, "expected a whole number, 0 or more")
         return default
     return count
+
+
+def _parse_rate(name: str, value: Any) -> float | None:
+    try:
+        rate = float(value)
+    except (TypeError, ValueError):
+        rate = float("nan")
+    if not 0.0 <= rate <= 1.0:  # also rejects NaN
+        _warn(name, value, "expected a probability between 0 and 1; every call is recorded")
+        return None
+    return rate
+
+
+def _parse_seconds(name: str, value: Any) -> float | None:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if not 0.0 < seconds < float("inf"):
+        _warn(name, value, "expected seconds, more than 0")
+        return None
+    return seconds
+
+
+def _parse_keep(name: str, value: Any) -> tuple[str, ...]:
+    """``"failed,slow"``, ``["failed", "slow"]``, or ``"none"`` / empty: nothing kept by rule."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    names = [str(item).strip().lower() for item in items if str(item).strip()]
+    if names in (["none"], []):
+        return ()
+    unknown = [n for n in names if n not in KEEP_REASONS]
+    if unknown:
+        _warn(name, value, f"unknown {', '.join(unknown)}; expected some of {', '.join(KEEP_REASONS)} or none")
+    return tuple(r for r in KEEP_REASONS if r in names)
 
 
 def _parse_runtimes(name: str, value: Any) -> dict[str, str]:
@@ -169,6 +213,12 @@ def _apply(options: Options, raw: Mapping[str, Any]) -> None:
             setattr(options, name, _parse_count(name, value, getattr(options, name)))
         elif name == "sample_interval":
             options.sample_interval = _parse_interval(name, value, options.sample_interval)
+        elif name == "sample_rate":
+            options.sample_rate = _parse_rate(name, value)
+        elif name == "sample_keep":
+            options.sample_keep = _parse_keep(name, value)
+        elif name in ("slow_ttft", "slow_duration"):
+            setattr(options, name, _parse_seconds(name, value))
         elif name == "runtimes":
             options.runtimes = _parse_runtimes(name, value)
         elif name == "llm_routes":

@@ -50,6 +50,8 @@ NOT_NAMES = {
     "ENV_CAPTURE_CONTENT": "an environment variable that switches content capture on (an alias of "
                            "OTEL_LLM_CAPTURE_CONTENT), not a name in the telemetry",
     "VLLM_LATENCY_PREFIX": "how `otel-llm view` recognizes vLLM's span; each name under it has its own entry",
+    "TRACESTATE_OT": "the `ot` entry of the W3C `tracestate` (OpenTelemetry's probability sampling: "
+                     "`th:<hex>`, the rejection threshold a kept call span carries), not a name in the telemetry",
     "BAGGAGE_RECORDED": "a W3C baggage entry (`otel_llm.recorded=1`) on each model request otel_llm's client "
                         "sends, read by `otel-llm gateway`, not a name in the telemetry",
 }
@@ -288,6 +290,15 @@ ENTRIES: tuple[Name, ...] = (
           "tokens the model accepted (accepted / drafted), when the runtime reported both and drafted any."),
     _attr("LLM_SYNTHESIZED", "boolean", "", "otel_llm", "On the `runtime.*` spans: `true`, they were "
           "synthesized from the runtime's counters."),
+    # --- otel_llm: sampling ----------------------------------------------------------------------------
+    _attr("LLM_SAMPLING_REASON", "string[]", "", "otel_llm", f"{_CALL}, when `sample_rate` is set: why the "
+          "call's spans were kept: the `sample_keep` rules it matched (`failed`, `slow`, `cold`, `buffered`, "
+          "`queued`, `restart`, `retry`), else `rate` (kept at the rate by its trace id) or `parent` (under "
+          "the application's sampled span)."),
+    _attr("LLM_SAMPLING_ADJUSTED_COUNT", "double", "{call}", "otel_llm", f"{_CALL}, when `sample_rate` is set: "
+          "how many calls this one stands for (1 / the probability it was kept; the same as the `th` of its "
+          "`ot` tracestate entry); absent when the application's sampler kept the parent without saying "
+          "its probability. Sum it over the call spans to count the calls made."),
     # --- otel_llm: diagnosis ---------------------------------------------------------------------------
     _attr("LLM_DIAGNOSIS_UNACCOUNTED_WAIT", "double", "s", "otel_llm", f"{_CALL}, when the runtime is known: the "
           "wait before the first token (before the answer, when not streaming) that the runtime's queue, load "

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from otel_llm.export.providers import Providers
     from otel_llm.observers.manager import Observers
     from otel_llm.telemetry.calls import Telemetry
+    from otel_llm.telemetry.sampling import Sampler
 
 __all__ = ["Session"]
 
@@ -36,7 +37,8 @@ class Session:
         self.options = options
         self.providers: Providers = build_providers(options)
         self.observers: Observers | None = _start_observers(options, self.providers.meter_provider)
-        settings = CallSettings(options.capture_content, options.runtimes, options.llm_routes, genai_semconv())
+        settings = CallSettings(options.capture_content, options.runtimes, options.llm_routes, genai_semconv(),
+                                _sampler(options))
         self.telemetry: Telemetry = Telemetry(self.providers.tracer_provider, self.providers.meter_provider,
                                               settings, self.observers)
         self.active = False
@@ -91,6 +93,15 @@ class Session:
         if self.active:
             install.end_calls(1.0)
         self.providers.shutdown()
+
+
+def _sampler(options: Options) -> Sampler | None:
+    """The keep decision after each call, when ``sample_rate`` is set (else every call is kept)."""
+    if options.sample_rate is None:
+        return None
+    from otel_llm.telemetry.sampling import Sampler
+
+    return Sampler(options.sample_rate, options.sample_keep, options.slow_ttft, options.slow_duration)
 
 
 def _start_observers(options: Options, meter_provider: Any) -> Observers | None:

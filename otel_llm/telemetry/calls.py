@@ -28,7 +28,8 @@ from otel_llm.telemetry.build import CallResult, CallStart, Endpoint, build_call
 from otel_llm.telemetry.inflight import InFlight
 from otel_llm.telemetry.metrics import call_metrics
 from otel_llm.telemetry.propagation import inject_context, recorded_by_caller
-from otel_llm.telemetry.spans import CallSpan, make_sink
+from otel_llm.telemetry.sampling import Sampler, adjusted_count, with_threshold
+from otel_llm.telemetry.spans import ApiSpanSink, CallSpan, make_sink
 from otel_llm.version import __version__
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ class CallSettings:
     runtimes: Mapping[str, str] = field(default_factory=dict)
     llm_routes: Sequence[str] = ()
     genai_semconv: str = GENAI_DEFAULT  # OTEL_SEMCONV_STABILITY_OPT_IN's choice (otel_llm.config.genai_semconv)
+    sampler: Sampler | None = None  # sample_rate set: which calls' spans are kept, decided after each
 
 
 class Telemetry:
@@ -65,7 +67,12 @@ class Telemetry:
         )
         self._llm_routes = tuple(settings.llm_routes)
         self.capture_content = settings.capture_content
-        self._spans = make_sink(self.tracer)
+        self._sampler = settings.sampler
+        self._spans = make_sink(self.tracer, decide_later=self._sampler is not None)
+        if self._sampler is not None and isinstance(self._spans, ApiSpanSink):
+            log_once("sample_rate needs the OpenTelemetry SDK's tracer provider: with this one, its "
+                     "sampler decides which calls are recorded", exc_info=False)
+            self._sampler = None
         self.evidence = evidence
         self._endpoints: dict[tuple[str, str], Endpoint] = {}
         self._relayed = False
@@ -96,7 +103,28 @@ class Telemetry:
         if not isinstance(state, CallStart):  # not a call this sink started
             return
         self.in_flight.release(state.admission)
-        self.emit(record, state, self.result(record, state))
+        result = self.result(record, state)
+        if self._sampler is not None:
+            self._decide(self._sampler, state.span, result)
+        self.emit(record, state, result)
+
+    @staticmethod
+    def _decide(sampler: Sampler, span: CallSpan, result: CallResult) -> None:
+        """Keep the call's spans (with why, and how many calls they stand for) or drop them."""
+        try:
+            restarted = any(name == sc.EVENT_RUNTIME_RESTARTED for name, _ in result.events or ())
+            decision = sampler.decide(span.context, span.parent, result.attributes, result.error, result.duration,
+                                      restarted)
+        except Exception:
+            log_once("deciding whether to keep a call's spans failed; it is kept")
+            return
+        if not decision.keep:
+            span.recording = False  # no span is built; the metrics still count the call
+            return
+        result.attributes[sc.LLM_SAMPLING_REASON] = decision.reasons
+        if decision.threshold is not None:
+            result.attributes[sc.LLM_SAMPLING_ADJUSTED_COUNT] = adjusted_count(decision.threshold)
+            span.context = with_threshold(span.context, decision.threshold)
 
     def result(self, record: CallRecord, start: CallStart) -> CallResult:
         """The call's telemetry as a value: parse, then build (no span, no record yet)."""

@@ -57,10 +57,13 @@ class CallSpan:
 class SdkSpanSink:
     """Builds finished ``ReadableSpan`` trees for the SDK tracer's processors."""
 
-    def __init__(self, tracer: SdkTracer) -> None:
+    def __init__(self, tracer: SdkTracer, decide_later: bool = False) -> None:
         from opentelemetry.sdk.trace import Event, ReadableSpan
 
         self._tracer = tracer
+        # otel_llm decides after the call (``sampling``): every call records, and asks the
+        # servers it calls to record, until then
+        self._decide_later = decide_later
         self._readable = ReadableSpan
         self._event = Event
         self._processor = tracer.span_processor
@@ -79,11 +82,16 @@ class SdkSpanSink:
         current = trace.get_current_span(parent).get_span_context()
         parent_context = current if current.is_valid else None
         trace_id = parent_context.trace_id if parent_context is not None else self._ids.generate_trace_id()
+        random = self._random_flag if parent_context is None else parent_context.trace_flags & _RANDOM_TRACE_ID
+        if self._decide_later:
+            state = parent_context.trace_state if parent_context is not None else None
+            context = SpanContext(trace_id, self._ids.generate_span_id(), False,
+                                  TraceFlags(TraceFlags.SAMPLED | random), state)
+            return CallSpan(context, parent_context, True, name, attributes)
         result = self._tracer.sampler.should_sample(parent, trace_id, name, kind, attributes, ())
         # the SDK's Decision.is_sampled/is_recording have no annotations (opentelemetry-sdk 1.x)
         is_sampled = result.decision.is_sampled()  # type: ignore[no-untyped-call]
         sampled = TraceFlags.SAMPLED if is_sampled else TraceFlags.DEFAULT
-        random = self._random_flag if parent_context is None else parent_context.trace_flags & _RANDOM_TRACE_ID
         flags = TraceFlags(sampled | random)
         context = SpanContext(trace_id, self._ids.generate_span_id(), False, flags, result.trace_state)
         if result.attributes:
@@ -167,12 +175,13 @@ def _call_status(error: str | None) -> Status:
     return Status(StatusCode.ERROR, error) if error else _UNSET
 
 
-def make_sink(tracer: trace.Tracer) -> SdkSpanSink | ApiSpanSink:
-    """The cheap SDK sink when ``tracer`` is the SDK's own (and enabled), else the API sink."""
+def make_sink(tracer: trace.Tracer, decide_later: bool = False) -> SdkSpanSink | ApiSpanSink:
+    """The cheap SDK sink when ``tracer`` is the SDK's own (and enabled), else the API sink (which
+    cannot decide after the call: its spans exist from the start)."""
     try:
         from opentelemetry.sdk.trace import Tracer as SdkTracer
     except ImportError:
         return ApiSpanSink(tracer)
     if type(tracer) is SdkTracer and getattr(tracer, "_is_enabled", lambda: True)():
-        return SdkSpanSink(tracer)
+        return SdkSpanSink(tracer, decide_later)
     return ApiSpanSink(tracer)
