@@ -6,7 +6,10 @@ request and response steps, CHUNKS server-sent events of one token and a usage e
 an SDK MeterProvider. What is counted is otel_llm's own work per call and per chunk, so the
 figure moves only when otel_llm's call path does.
 
-    python benchmarks/_seam_cost.py CALLS CHUNKS
+    python benchmarks/_seam_cost.py CALLS CHUNKS [SAMPLE_RATE]
+
+With SAMPLE_RATE, otel_llm decides after each call (``sample_rate``): 0 drops every call's spans
+(none of these calls is failed, slow or otherwise kept by a rule), 1 keeps every one.
 """
 
 from __future__ import annotations
@@ -50,11 +53,11 @@ def call(sink: CallSink, chunks: int) -> None:
     one.finish(END_EOF)
 
 
-def main(calls: int, chunks: int) -> None:
+def main(calls: int, chunks: int, sample_rate: float | None = None) -> None:
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(SimpleSpanProcessor(_Null()))
     otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=MeterProvider(), console_summary=False,
-                        host_metrics=False, gpu_metrics=False, runtime_metrics=False)
+                        host_metrics=False, gpu_metrics=False, runtime_metrics=False, sample_rate=sample_rate)
     sink = current_telemetry()
     assert sink is not None
     for _ in range(WARM_UP + calls):
@@ -62,4 +65,4 @@ def main(calls: int, chunks: int) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]))
+    main(int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]) if len(sys.argv) > 3 else None)

@@ -14,7 +14,7 @@ MeterProvider, as in ``overhead.py``.
     python benchmarks/instructions.py --peers [--configs none,httpx-official,otel_llm,sdk-floor,openlit,openllmetry]
     python benchmarks/instructions.py --records [--calls 200]
     python benchmarks/instructions.py --replay [--streams 6] [--tokens 256] [--repeat 3]
-    python benchmarks/instructions.py --seam [--calls 100]
+    python benchmarks/instructions.py --seam [--calls 100] [--sample-rate 0]
 
 ``--peers`` runs the workloads of ``peers.py`` instead (raw httpx and the openai client,
 non-streamed calls and streams, the async openai client for per chunk) for each configuration in
@@ -27,7 +27,9 @@ unit cost under each of the records a model call makes.
 ``--seam`` counts otel_llm's own work alone: calls driven straight through capture's seam
 (``LlmCall`` on the session's sink; no HTTP stack, socket or simulator, see ``_seam_cost.py``),
 per call (N and 3N calls of 20 chunks) and per chunk (20 and 220 chunks a call). It moves only
-when otel_llm's call path does: the figure to compare before and after a change to it.
+when otel_llm's call path does: the figure to compare before and after a change to it. With
+``--sample-rate R`` otel_llm decides after each call: 1 keeps every call, 0 drops every one (what a
+dropped call still costs: capture, the build, the metrics).
 
 ``--replay`` gives the per-chunk figure of the async openai client without a live stream: the
 simulator's stream is recorded once and split into its events, and each child replays them
@@ -180,19 +182,22 @@ def per_call(valgrind: str, config: str, stack: str, count: int, tokens: int, ur
 SEAM_CHUNKS = (20, 220)
 
 
-def seam_costs(valgrind: str, count: int, workdir: Path) -> dict[str, float]:
-    """otel_llm's instructions per call and per chunk through capture's seam (``_seam_cost.py``)."""
+def seam_costs(valgrind: str, count: int, workdir: Path, sample_rate: float | None = None) -> dict[str, float]:
+    """otel_llm's instructions per call and per chunk through capture's seam (``_seam_cost.py``),
+    with ``sample_rate`` set when given."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SOURCE), str(SOURCE / "testing")])}
     script = str(Path(__file__).resolve().parent / "_seam_cost.py")
 
     def total(calls: int, chunks: int) -> int:
-        return _counts(valgrind, [sys.executable, script, str(calls), str(chunks)], env, workdir)[1]
+        rate = [] if sample_rate is None else [str(sample_rate)]
+        return _counts(valgrind, [sys.executable, script, str(calls), str(chunks), *rate], env, workdir)[1]
 
     few, many = SEAM_CHUNKS
     base = total(count, few)
     figures = {"call": (total(3 * count, few) - base) / (2 * count),
                "chunk": (total(count, many) - base) / (count * (many - few))}
-    print(f"through the seam: {figures['call'] / 1e3:8.1f} k instructions per call ({few} chunks), "
+    rate = "" if sample_rate is None else f" (sample_rate {sample_rate:g})"
+    print(f"through the seam{rate}: {figures['call'] / 1e3:8.1f} k instructions per call ({few} chunks), "
           f"{figures['chunk'] / 1e3:6.2f} k per chunk", flush=True)
     return figures
 
@@ -302,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="with --replay: runs of each child, the median kept")
     parser.add_argument("--seam", action="store_true",
                         help="otel_llm's own cost per call and per chunk through capture's seam (no HTTP stack)")
+    parser.add_argument("--sample-rate", type=float, default=None,
+                        help="with --seam: instrument with this sample_rate (0: every call dropped, 1: every one kept)")
     parser.add_argument("--records", action="store_true",
                         help="the SDK's instructions per histogram record by attribute count (--calls records, and 2x)")
     parser.add_argument("--runtime", default="llama.cpp",
@@ -315,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.replay or args.records or args.seam:
         with tempfile.TemporaryDirectory() as tmp:
             if args.seam:
-                figures = seam_costs(valgrind, args.calls, Path(tmp))
+                figures = seam_costs(valgrind, args.calls, Path(tmp), args.sample_rate)
             elif args.replay:
                 figures = chunk_replay(valgrind, args.streams, args.tokens, args.repeat, Path(tmp))
             else:

@@ -25,7 +25,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from otel_llm import semconv as sc
 
-__all__ = ["SUMMARY_LOGGER", "SummarySpanProcessor", "finite_number", "format_summary", "is_model_call"]
+__all__ = ["SUMMARY_LOGGER", "SummarySpanProcessor", "finite_number", "format_summary", "is_model_call", "kept_by"]
 
 _logger = logging.getLogger(__name__)
 
@@ -130,6 +130,16 @@ def _error(attrs: Mapping[str, Any], status_message: str | None) -> str:
     return "error" if reason in ("", str(attrs.get(sc.HTTP_RESPONSE_STATUS_CODE))) else f"error {reason}"
 
 
+def kept_by(attrs: Mapping[str, Any]) -> str | None:
+    """Why a sampled call was kept ("kept slow,failed", "kept rate x100"), None when not sampling."""
+    reasons = attrs.get(sc.LLM_SAMPLING_REASON)
+    if not isinstance(reasons, (list, tuple)) or not reasons:
+        return None
+    count = finite_number(attrs.get(sc.LLM_SAMPLING_ADJUSTED_COUNT))
+    weight = f" x{count:g}" if count is not None and count != 1 else ""
+    return f"kept {','.join(str(r) for r in reasons)}{weight}"
+
+
 def format_summary(
     attributes: Mapping[str, Any],
     duration_s: float,
@@ -158,6 +168,7 @@ def format_summary(
         f"{rate:.1f} tok/s" if rate is not None else None,
         _reused(attrs),
         str(runtime) if runtime else None,
+        kept_by(attrs),
     ]
     return "  ".join(p for p in parts if p)
 

@@ -98,20 +98,32 @@ def _parent_threshold(state: TraceState | None) -> int | None:
 
 def with_threshold(context: SpanContext, th: int) -> SpanContext:
     """``context`` whose trace state's ``ot`` entry says ``th:<hex>`` (other members kept)."""
-    state = context.trace_state or TraceState()
+    state = context.trace_state
+    if not state:  # the usual case: one trace state per threshold, built once (TraceState validates)
+        alone = _ALONE.get(th)
+        if alone is None:
+            alone = _ALONE[th] = _threshold_state(TraceState(), th)
+        return SpanContext(context.trace_id, context.span_id, context.is_remote, context.trace_flags, alone)
+    return SpanContext(context.trace_id, context.span_id, context.is_remote, context.trace_flags,
+                       _threshold_state(state, th))
+
+
+_ALONE: dict[int, TraceState] = {}
+
+
+def _threshold_state(state: TraceState, th: int) -> TraceState:
     ot = state.get(sc.TRACESTATE_OT) or ""
     members = [m for m in ot.split(";") if m and not m.startswith("th:")]
     digits = f"{th:0{_TH_DIGITS}x}".rstrip("0") or "0"
     value = ";".join([f"th:{digits}", *members])
-    state = state.update(sc.TRACESTATE_OT, value) if sc.TRACESTATE_OT in state else state.add(sc.TRACESTATE_OT, value)
-    return SpanContext(context.trace_id, context.span_id, context.is_remote, context.trace_flags, state)
+    return state.update(sc.TRACESTATE_OT, value) if sc.TRACESTATE_OT in state else state.add(sc.TRACESTATE_OT, value)
 
 
 class Typical:
     """What recent values of one measure were, in bounded memory: counts in log-spaced buckets
     (about 9 % wide), halved whenever they reach ``window`` so that old calls fade out."""
 
-    __slots__ = ("counts", "total", "window")
+    __slots__ = ("counts", "total", "window", "_judged_at", "_median", "_slowest")
 
     _PER_OCTAVE = 8
 
@@ -119,6 +131,9 @@ class Typical:
         self.counts: dict[int, int] = {}
         self.total = 0
         self.window = window
+        self._judged_at = -1  # the total the cached median and slowest 1 % were read at
+        self._median: float | None = None
+        self._slowest: float | None = None
 
     def add(self, value: float) -> None:
         index = self._index(value)
@@ -142,15 +157,16 @@ class Typical:
 
     def is_slow(self, value: float) -> bool:
         """Whether ``value`` is slow next to the values seen so far (before adding it)."""
-        if self.total < MIN_TYPICAL:
+        total = self.total
+        if total < MIN_TYPICAL:
             return False
-        median = self.quantile(0.5)
-        if median is not None and value >= SLOW_FACTOR * median:
-            return True
-        if self.total < MIN_QUANTILE:
-            return False
-        slowest = self.quantile(SLOW_QUANTILE)
-        return slowest is not None and value > slowest
+        # read again once the counts moved by a 32nd (the walk over the buckets is the cost)
+        if not 0 <= total - self._judged_at < max(1, total >> 5):
+            self._judged_at = total
+            self._median = self.quantile(0.5)
+            self._slowest = self.quantile(SLOW_QUANTILE) if total >= MIN_QUANTILE else None
+        median, slowest = self._median, self._slowest
+        return (median is not None and value >= SLOW_FACTOR * median) or (slowest is not None and value > slowest)
 
     def _index(self, value: float) -> int:
         return math.floor(math.log2(value) * self._PER_OCTAVE) if value > 1e-9 else -240
@@ -168,25 +184,29 @@ class Sampler:
         self.slow_duration = slow_duration
         self._series: dict[tuple[object, ...], tuple[Typical, Typical]] = {}
         self._lock = threading.Lock()
+        self._by_rate = Decision(True, ("rate",), self.threshold)  # the common decisions, made once
+        self._by_parent = Decision(True, ("parent",), None)
 
     def decide(self, context: SpanContext, parent: SpanContext | None, attributes: Attributes,
                error: str | None, duration: float, restarted: bool = False) -> Decision:
         """Keep the call whose call span has ``context`` (under ``parent``) and ``attributes``?"""
         reasons = self.reasons(attributes, error, duration, restarted)
         if parent is not None and parent.trace_flags & TraceFlags.SAMPLED:
-            inherited = _parent_threshold(parent.trace_state)
-            return Decision(True, reasons or ("parent",), 0 if reasons else inherited)
+            if reasons:
+                return Decision(True, reasons, 0)
+            inherited = _parent_threshold(parent.trace_state) if parent.trace_state else None
+            return self._by_parent if inherited is None else Decision(True, ("parent",), inherited)
         if reasons:
             return Decision(True, reasons, 0)
         if parent is None and self.threshold < (1 << RANDOM_BITS) and randomness(context) >= self.threshold:
-            return Decision(True, ("rate",), self.threshold)
+            return self._by_rate
         return DROP
 
     def reasons(self, attributes: Attributes, error: str | None, duration: float,
                 restarted: bool = False) -> tuple[str, ...]:
         """The ``sample_keep`` rules the call matches, in the option's order."""
         keep = self.keep
-        found = []
+        found: list[str] = []
         if "failed" in keep and error is not None:
             found.append("failed")
         if self._slow(attributes, duration) and "slow" in keep:

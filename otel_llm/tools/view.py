@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from otel_llm import semconv as sc
-from otel_llm.export.summary import finite_number
+from otel_llm.export.summary import finite_number, kept_by
 
 __all__ = ["ModelCall", "format_duration", "group_calls", "render_call", "render_calls", "select_calls"]
 
@@ -285,6 +285,9 @@ def _diagnosis(attrs: Mapping[str, Any]) -> list[str]:
     concurrent = attrs.get(sc.LLM_DIAGNOSIS_CONCURRENT_REQUESTS)
     if concurrent:
         parts.append(f"{concurrent} other call(s) in flight")
+    kept = kept_by(attrs)
+    if kept:
+        parts.append(kept)
     return parts
 
 

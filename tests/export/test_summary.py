@@ -168,3 +168,12 @@ def test_processor_never_raises_and_warns_once(caplog: Any) -> None:
         _emit(provider)
         _emit(provider)
     assert len(caplog.records) == 1
+
+
+def test_a_sampled_call_says_why_it_was_kept() -> None:
+    assert format_summary({sc.LLM_SAMPLING_REASON: ("slow", "failed"), sc.LLM_SAMPLING_ADJUSTED_COUNT: 1.0},
+                          1.0).endswith("total 1.000s  kept slow,failed")
+    assert format_summary({sc.LLM_SAMPLING_REASON: ["rate"], sc.LLM_SAMPLING_ADJUSTED_COUNT: 100.0},
+                          1.0).endswith("kept rate x100")
+    assert format_summary({sc.LLM_SAMPLING_REASON: ("parent",)}, 1.0).endswith("kept parent")
+    assert "kept" not in format_summary({sc.LLM_SAMPLING_REASON: "slow"}, 1.0)  # not the array it must be

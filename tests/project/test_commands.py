@@ -15,6 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PERFORMANCE = (ROOT / "docs" / "performance.md").read_text()
+SAMPLING = (ROOT / "docs" / "sampling.md").read_text()
 OTEL_LLM = str(Path(sys.executable).with_name("otel-llm"))
 # this checkout's otel_llm and otel_llm_testing, also when the venv's editable installs point at
 # another checkout (a worktree)
@@ -139,6 +140,41 @@ def test_seam_costs_count_otel_llm_alone_per_call_and_per_chunk() -> None:
     assert found, result.stdout
     per_call, per_chunk = float(found.group(1)), float(found.group(2))
     assert 100 < per_call < 10_000 and 1 < per_chunk < 100 and per_chunk * 20 < per_call, result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_seam_costs_of_a_dropped_call() -> None:
+    """``instructions.py --seam --sample-rate 0``, shortened: what a call whose spans are dropped
+    still costs (capture, the build, the metrics), less than a recorded one."""
+    assert "python benchmarks/instructions.py --seam --sample-rate 0" in SAMPLING
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "instructions.py"), "--seam",
+                             "--calls", "10", "--sample-rate", "0"], capture_output=True, text=True, timeout=580,
+                            env=ENV)
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = re.search(r"^through the seam \(sample_rate 0\): +([\d.]+) k instructions per call", result.stdout, re.M)
+    assert found, result.stdout
+    assert 100 < float(found.group(1)) < 10_000, result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_sampling_benchmark_misses_no_outlier_and_counts_every_call() -> None:
+    """``benchmarks/sampling.py``, shortened: every injected outlier kept, every call in the metrics,
+    fewer spans at a lower rate."""
+    assert "python benchmarks/sampling.py" in SAMPLING
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sampling.py"), "--calls", "300",
+                             "--rates", "off,0.1", "--outliers", "0.03"], capture_output=True, text=True,
+                            timeout=580, env=ENV)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    rows = re.findall(r"^rate +(\S+): +(\d+) spans, +(\d+) calls kept \((.*)\); outliers missed (\d+) of (\d+); "
+                      r"adjusted counts sum (\d+) for 300 calls; metrics counted (\d+);", result.stdout, re.M)
+    assert [row[0] for row in rows] == ["off", "0.1"], result.stdout
+    for rate, spans, kept, reasons, missed, outliers, estimate, counted in rows:
+        assert missed == "0" and outliers == "9" and counted == "300", result.stdout
+    (_, full, *_), (_, sampled, kept, reasons, *_) = rows
+    assert int(sampled) < int(full) / 3 and "failed 3" in reasons and "cold 3" in reasons, result.stdout
+    assert re.search(r"^spans exported at rate 0.1: [\d.]+x fewer than at off", result.stdout, re.M), result.stdout
 
 
 @pytest.mark.slow

@@ -163,6 +163,10 @@ RUN_BY = {
         PROJECT + "test_commands.py::test_record_costs_count_the_sdk_per_histogram_record",
     "python benchmarks/instructions.py --seam":
         PROJECT + "test_commands.py::test_seam_costs_count_otel_llm_alone_per_call_and_per_chunk",
+    "python benchmarks/instructions.py --seam --sample-rate 0":
+        PROJECT + "test_commands.py::test_seam_costs_of_a_dropped_call",
+    "python benchmarks/sampling.py":
+        PROJECT + "test_commands.py::test_sampling_benchmark_misses_no_outlier_and_counts_every_call",
     "python benchmarks/instructions.py --replay":
         PROJECT + "test_commands.py::test_replayed_streams_give_the_per_chunk_figure",
     "python benchmarks/instructions.py --peers":

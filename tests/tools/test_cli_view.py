@@ -164,6 +164,18 @@ def test_error_and_nan_attributes(tmp_path: Path) -> None:
     assert "nan" not in text and "inf" not in text and "tok/s" not in text and "ttfb" not in text
 
 
+def test_a_sampled_call_says_why_it_was_kept(tmp_path: Path) -> None:
+    """Read back from the traces file: the reasons arrive as a JSON array."""
+    path = tmp_path / "t.jsonl"
+    _record(_tracer(path), "m", T0, 100, [(sc.SPAN_CONNECT, 0, 100)],
+            **{sc.LLM_SAMPLING_REASON: ("slow", "cold"), sc.LLM_SAMPLING_ADJUSTED_COUNT: 1.0})
+    _record(_tracer(path), "n", T0 + 200 * MS, 100, [(sc.SPAN_CONNECT, 0, 100)],
+            **{sc.LLM_SAMPLING_REASON: ("rate",), sc.LLM_SAMPLING_ADJUSTED_COUNT: 20.0})
+    first, second = _blocks(render_calls(read_jsonl(path), WIDTH))
+    assert "kept slow,cold" in first and "x1" not in first
+    assert "kept rate x20" in second
+
+
 def test_duplicate_spans_and_non_model_spans_are_ignored(traces: Path) -> None:
     spans = list(read_jsonl(traces))
     plain_http = dict(spans[0], kind=3, spanId="ab" * 8, parentSpanId=None, name="GET", attributes={})
