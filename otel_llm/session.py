@@ -44,6 +44,11 @@ class Session:
         self.active = False
 
     @property
+    def sampler(self) -> Sampler | None:
+        """The keep decision after each call when ``sample_rate`` is set, else None."""
+        return self.telemetry.sampler
+
+    @property
     def tracer_provider(self) -> TracerProvider:
         return self.providers.tracer_provider
 

@@ -77,6 +77,11 @@ class Telemetry:
         self._endpoints: dict[tuple[str, str], Endpoint] = {}
         self._relayed = False
 
+    @property
+    def sampler(self) -> Sampler | None:
+        """The keep decision after each call (``sample_rate`` set, with the SDK's tracer), else None."""
+        return self._sampler
+
     # -- the capture seam (CallSink) ---------------------------------------------------------
     def route(self, path: str) -> Route | None:
         return match_route(path, self._llm_routes)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from opentelemetry.trace import SpanContext, TraceFlags, TraceState
 
 from otel_llm import semconv as sc
-from otel_llm._types import Attributes
+from otel_llm._types import AttributeMap
 
 __all__ = ["Decision", "Sampler", "Typical", "adjusted_count", "randomness", "threshold", "with_threshold"]
 
@@ -41,6 +41,7 @@ SLOW_QUANTILE = 0.99
 MIN_TYPICAL = 20  # calls seen before the median is trusted
 MIN_QUANTILE = 100  # calls seen before the slowest 1 % is trusted
 MAX_SERIES = 256  # (server, model) pairs followed; the oldest is forgotten past this
+MAX_WAITING = 65536  # server spans waiting for their children's decision (requests in flight)
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,23 +187,56 @@ class Sampler:
         self._lock = threading.Lock()
         self._by_rate = Decision(True, ("rate",), self.threshold)  # the common decisions, made once
         self._by_parent = Decision(True, ("parent",), None)
+        # span id -> [the first kept child's decision] (empty while none), see open_parent
+        self._waiting: dict[int, list[Decision]] = {}
 
-    def decide(self, context: SpanContext, parent: SpanContext | None, attributes: Attributes,
+    def decide(self, context: SpanContext, parent: SpanContext | None, attributes: AttributeMap,
                error: str | None, duration: float, restarted: bool = False) -> Decision:
         """Keep the call whose call span has ``context`` (under ``parent``) and ``attributes``?"""
         reasons = self.reasons(attributes, error, duration, restarted)
+        waiting = self._waiting.get(parent.span_id) if parent is not None and self._waiting else None
+        if waiting is not None:  # a parent of this process that decides after its children
+            decision = self._unparented(context, reasons)
+            if decision.keep and not waiting:
+                waiting.append(decision)
+            return decision
         if parent is not None and parent.trace_flags & TraceFlags.SAMPLED:
             if reasons:
                 return Decision(True, reasons, 0)
             inherited = _parent_threshold(parent.trace_state) if parent.trace_state else None
             return self._by_parent if inherited is None else Decision(True, ("parent",), inherited)
+        if parent is None:
+            return self._unparented(context, reasons)
+        return Decision(True, reasons, 0) if reasons else DROP
+
+    def _unparented(self, context: SpanContext, reasons: tuple[str, ...]) -> Decision:
         if reasons:
             return Decision(True, reasons, 0)
-        if parent is None and self.threshold < (1 << RANDOM_BITS) and randomness(context) >= self.threshold:
+        if self.threshold < (1 << RANDOM_BITS) and randomness(context) >= self.threshold:
             return self._by_rate
         return DROP
 
-    def reasons(self, attributes: Attributes, error: str | None, duration: float,
+    # -- a server span that decides after the model call it relays (the gateway's, the proxy's) ---
+    def open_parent(self, context: SpanContext) -> None:
+        """``context`` is a span of this process whose decision waits for its children's: a model
+        call under it decides as if it had no parent (the rules, else the rate)."""
+        if len(self._waiting) < MAX_WAITING:
+            self._waiting[context.span_id] = []
+
+    def forget_parent(self, context: SpanContext) -> None:
+        """Stop waiting for the span ``open_parent`` registered (it records nothing)."""
+        self._waiting.pop(context.span_id, None)
+
+    def close_parent(self, context: SpanContext, attributes: AttributeMap, error: str | None, duration: float,
+                     parent: SpanContext | None) -> Decision:
+        """The decision for the span ``open_parent`` registered: kept as its kept child was (the
+        same reasons and count), else by its own rules and its own parent, as a call is."""
+        kept = self._waiting.pop(context.span_id, None)
+        if kept:
+            return kept[0]
+        return self.decide(context, parent, attributes, error, duration)
+
+    def reasons(self, attributes: AttributeMap, error: str | None, duration: float,
                 restarted: bool = False) -> tuple[str, ...]:
         """The ``sample_keep`` rules the call matches, in the option's order."""
         keep = self.keep
@@ -223,7 +257,7 @@ class Sampler:
             found.append("retry")
         return tuple(found)
 
-    def _slow(self, attributes: Attributes, duration: float) -> bool:
+    def _slow(self, attributes: AttributeMap, duration: float) -> bool:
         """Judge the call against its series, then add it to the series (every call is learned)."""
         ttft = _seconds(attributes.get(sc.LLM_CLIENT_TIME_TO_FIRST_TOKEN))
         whole = _seconds(duration)

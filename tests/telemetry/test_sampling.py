@@ -279,3 +279,21 @@ def test_unset_every_call_is_recorded_with_no_sampling_attribute(sim: Any, otel:
     calls = otel.calls()
     assert len(calls) == 5
     assert not any(sc.LLM_SAMPLING_REASON in s.attributes or s.context.trace_state for s in calls)
+
+
+def test_a_waiting_parent_is_kept_with_its_kept_child_and_its_children_decide_alone() -> None:
+    sampler = Sampler(0.0, KEEP_REASONS)
+    server = _context(9)  # sampled flag set while pending, as the gateway's SERVER span
+    sampler.open_parent(server)
+    # a child under the waiting parent is not kept for the parent's sampled flag...
+    assert not sampler.decide(_context(9), server, _attrs(), None, 0.5).keep
+    assert not sampler.close_parent(server, _attrs(), None, 0.5, None).keep
+    # ...but when a rule keeps it, the parent is kept with it, for the same reasons
+    sampler.open_parent(server)
+    child = sampler.decide(_context(9), server, _attrs(), "HTTP 500", 0.5)
+    assert child.reasons == ("failed",)
+    assert sampler.close_parent(server, _attrs(), None, 0.5, None) == child
+    assert sampler._waiting == {}
+    sampler.open_parent(server)
+    sampler.forget_parent(server)
+    assert sampler._waiting == {}

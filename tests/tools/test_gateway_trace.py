@@ -203,3 +203,27 @@ def test_a_call_is_marked_relayed_only_when_its_caller_recorded_it(otel: Otel, u
     assert [attributes_of(s.attributes).get(sc.LLM_GATEWAY_RELAYED) for s in upstream_calls] == [True, None, None]
     assert upstream_calls[0].trace_id == call.context.trace_id.to_bytes(16, "big")
     assert _operation_counts(collector) == {True: 1, False: 2}
+
+
+def test_with_sample_rate_the_gateway_keeps_its_span_tree_with_the_call_it_relays(
+        upstream: SimProcess, collector: OtlpHttpCollector, tmp_path: Any) -> None:
+    """OTEL_LLM_SAMPLE_RATE=0 in the gateway: ordinary requests leave no span at all; a failed one
+    is kept whole, its SERVER span and the upstream call under it, each saying why."""
+    gateway = _gateway(upstream, collector, tmp_path)
+    gateway.extra_env = {**gateway.extra_env, "OTEL_LLM_SAMPLE_RATE": "0"}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    with gateway:
+        with httpx.Client(base_url=gateway.url, headers=gateway.headers("app"), timeout=30) as client:
+            for _ in range(10):
+                assert client.post("/api/chat", json=body).status_code == 200
+            assert client.post("/api/chat", json=body, headers={"x-sim-error-status": "500"}).status_code == 500
+    exported = [span for _, span in collector.received.spans()]
+    kinds = sorted(s.kind for s in exported if s.kind in (KIND_SERVER, KIND_CLIENT))
+    assert kinds == [KIND_SERVER, KIND_CLIENT], [s.name for s in exported]
+    (server,) = [s for s in exported if s.kind == KIND_SERVER]
+    (call,) = [s for s in exported if s.kind == KIND_CLIENT]
+    assert call.parent_span_id == server.span_id and call.trace_id == server.trace_id
+    for span in (server, call):
+        attributes = attributes_of(span.attributes)
+        assert list(attributes[sc.LLM_SAMPLING_REASON]) == ["failed"]
+        assert attributes[sc.LLM_SAMPLING_ADJUSTED_COUNT] == 1.0

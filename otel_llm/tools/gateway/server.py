@@ -65,7 +65,7 @@ def build_app(config: GatewayConfig, **instrument_options: Any) -> tuple[Gateway
                                  access_logger(config.access_log, config.access_log_max_bytes,
                                                config.access_log_backups),
                                  (lambda: holder["app"].admission.depth) if config.authenticates else None,
-                                 user_agent=proxy)
+                                 user_agent=proxy, sampler=session.sampler)
     app = holder["app"] = Gateway(config, telemetry, key, on_shutdown=[otel_llm.uninstrument],
                                   call_sink=call_sink)
     return app, providers

@@ -26,6 +26,8 @@ from opentelemetry.trace import NonRecordingSpan, SpanKind, Status, StatusCode, 
 
 from otel_llm import semconv as sc
 from otel_llm.capture.call import clock_anchor
+from otel_llm.telemetry.propagation import recorded_by_caller
+from otel_llm.telemetry.sampling import Sampler, adjusted_count, with_threshold
 from otel_llm.telemetry.spans import CallSpan, SdkSpanSink, make_sink
 from otel_llm.parse.routes import match_route
 from otel_llm.version import __version__
@@ -152,6 +154,7 @@ class _PendingSpan(NonRecordingSpan):
     def __init__(self, span: CallSpan) -> None:
         super().__init__(span.context)
         self.span = span
+        self.caller_decides = False  # the caller is otel_llm: its sampled flag is a pending decision
 
 
 def _children(exchange: Exchange) -> Iterator[tuple[str, int, int, dict[str, Any] | None]]:
@@ -172,10 +175,12 @@ class GatewayTelemetry:
 
     def __init__(self, tracer_provider: TracerProvider, meter_provider: MeterProvider,
                  access_log: logging.Logger | None = None, queue_depth: Any = None,
-                 user_agent: bool = False) -> None:
+                 user_agent: bool = False, sampler: Sampler | None = None) -> None:
         self.tracer = tracer_provider.get_tracer(f"{sc.INSTRUMENTATION_NAME}.gateway", __version__)
-        sink = make_sink(self.tracer)
+        sink = make_sink(self.tracer, decide_later=sampler is not None)
         self._sdk = sink if isinstance(sink, SdkSpanSink) else None
+        # sample_rate set: the span tree is kept with the model call it relays, or by the rules
+        self._sampler = sampler if self._sdk is not None else None
         meter = meter_provider.get_meter(f"{sc.INSTRUMENTATION_NAME}.gateway", __version__)
         self.requests = meter.create_counter(
             sc.METRIC_GATEWAY_REQUESTS, unit="{request}", description="Requests by outcome")
@@ -217,7 +222,12 @@ class GatewayTelemetry:
         if self._user_agent and "user-agent" in headers:
             attrs[sc.USER_AGENT_ORIGINAL] = _clip(headers["user-agent"])
         if self._sdk is not None:
-            return _PendingSpan(self._sdk.start(name, attrs, exchange.epoch0, SpanKind.SERVER, parent))
+            pending = _PendingSpan(self._sdk.start(name, attrs, exchange.epoch0, SpanKind.SERVER, parent))
+            if self._sampler is not None:
+                self._sampler.open_parent(pending.span.context)
+                # an otel_llm caller sends the sampled flag while its own decision is pending
+                pending.caller_decides = recorded_by_caller(headers)
+            return pending
         return self.tracer.start_span(name, context=parent, kind=SpanKind.SERVER, attributes=attrs,
                                       start_time=exchange.epoch0)
 
@@ -227,6 +237,8 @@ class GatewayTelemetry:
         try:
             if exchange.recorded or not isinstance(span, _PendingSpan):  # a started span must end
                 self._end_spans(exchange, span)
+            elif self._sampler is not None:
+                self._sampler.forget_parent(span.span.context)  # nothing recorded: nothing waits on it
         finally:
             self._record(exchange, span.get_span_context())
 
@@ -250,12 +262,22 @@ class GatewayTelemetry:
         if not span.recording or sdk is None:
             return
         context = span.context
-        for name, start, end, child_attrs in _children(exchange):
-            sdk.emit(name, sdk.child_context(context), context, SpanKind.INTERNAL, child_attrs, start, end, _UNSET)
         attrs = {k: v for k, v in span.attributes.items() if v is not None}
         attrs.update(self._end_attributes(exchange))
         status = (Status(StatusCode.ERROR, exchange.error or exchange.outcome) if exchange.status >= 500
                   else _UNSET)
+        if self._sampler is not None:
+            decision = self._sampler.close_parent(
+                context, attrs, status.description if exchange.status >= 500 else None,
+                ((exchange.end or exchange.t0) - exchange.t0) / 1e9, None if pending.caller_decides else span.parent)
+            if not decision.keep:
+                return
+            attrs[sc.LLM_SAMPLING_REASON] = decision.reasons
+            if decision.threshold is not None:
+                attrs[sc.LLM_SAMPLING_ADJUSTED_COUNT] = adjusted_count(decision.threshold)
+                context = with_threshold(context, decision.threshold)
+        for name, start, end, child_attrs in _children(exchange):
+            sdk.emit(name, sdk.child_context(context), context, SpanKind.INTERNAL, child_attrs, start, end, _UNSET)
         sdk.emit(span.name, context, span.parent, SpanKind.SERVER, attrs, exchange.epoch0,
                  exchange.epoch(exchange.end), status)  # type: ignore[arg-type]
 
