@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from otel_llm import semconv as sc
 from otel_llm._log import logger
@@ -102,15 +102,21 @@ def _parse_bool(name: str, value: Any, default: bool) -> bool:
     return default
 
 
-def _parse_interval(name: str, value: Any, default: float) -> float:
+def _parse_float(name: str, value: Any, ok: Callable[[float], bool], why: str) -> float | None:
+    """``value`` as a number ``ok`` accepts (NaN never is), else None with ``why`` in the log."""
     try:
-        seconds = float(value)
+        number = float(value)
     except (TypeError, ValueError):
-        seconds = float("nan")
-    if not 0.05 <= seconds <= 3600:  # also rejects NaN
-        _warn(name, value, "expected seconds between 0.05 and 3600")
-        return default
-    return seconds
+        number = float("nan")
+    if number != number or not ok(number):
+        _warn(name, value, why)
+        return None
+    return number
+
+
+def _parse_interval(name: str, value: Any, default: float) -> float:
+    seconds = _parse_float(name, value, lambda v: 0.05 <= v <= 3600, "expected seconds between 0.05 and 3600")
+    return default if seconds is None else seconds
 
 
 def _parse_count(name: str, value: Any, default: int) -> int:
@@ -125,25 +131,12 @@ def _parse_count(name: str, value: Any, default: int) -> int:
 
 
 def _parse_rate(name: str, value: Any) -> float | None:
-    try:
-        rate = float(value)
-    except (TypeError, ValueError):
-        rate = float("nan")
-    if not 0.0 <= rate <= 1.0:  # also rejects NaN
-        _warn(name, value, "expected a probability between 0 and 1; every call is recorded")
-        return None
-    return rate
+    return _parse_float(name, value, lambda v: 0.0 <= v <= 1.0,
+                        "expected a probability between 0 and 1; every call is recorded")
 
 
 def _parse_seconds(name: str, value: Any) -> float | None:
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        seconds = float("nan")
-    if not 0.0 < seconds < float("inf"):
-        _warn(name, value, "expected seconds, more than 0")
-        return None
-    return seconds
+    return _parse_float(name, value, lambda v: 0.0 < v < float("inf"), "expected seconds, more than 0")
 
 
 def _parse_keep(name: str, value: Any) -> tuple[str, ...]:

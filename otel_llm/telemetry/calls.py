@@ -28,7 +28,7 @@ from otel_llm.telemetry.build import CallResult, CallStart, Endpoint, build_call
 from otel_llm.telemetry.inflight import InFlight
 from otel_llm.telemetry.metrics import call_metrics
 from otel_llm.telemetry.propagation import inject_context, recorded_by_caller
-from otel_llm.telemetry.sampling import Sampler, adjusted_count, with_threshold
+from otel_llm.telemetry.sampling import Sampler, mark_kept
 from otel_llm.telemetry.spans import ApiSpanSink, CallSpan, make_sink
 from otel_llm.version import __version__
 
@@ -126,10 +126,7 @@ class Telemetry:
         if not decision.keep:
             span.recording = False  # no span is built; the metrics still count the call
             return
-        result.attributes[sc.LLM_SAMPLING_REASON] = decision.reasons
-        if decision.threshold is not None:
-            result.attributes[sc.LLM_SAMPLING_ADJUSTED_COUNT] = adjusted_count(decision.threshold)
-            span.context = with_threshold(span.context, decision.threshold)
+        span.context = mark_kept(decision, result.attributes, span.context)
 
     def result(self, record: CallRecord, start: CallStart) -> CallResult:
         """The call's telemetry as a value: parse, then build (no span, no record yet)."""

@@ -26,9 +26,10 @@ from dataclasses import dataclass
 from opentelemetry.trace import SpanContext, TraceFlags, TraceState
 
 from otel_llm import semconv as sc
-from otel_llm._types import AttributeMap
+from otel_llm._types import AttributeMap, Attributes
 
-__all__ = ["Decision", "Sampler", "Typical", "adjusted_count", "randomness", "threshold", "with_threshold"]
+__all__ = ["Decision", "Sampler", "Typical", "adjusted_count", "mark_kept", "randomness", "threshold",
+           "with_threshold"]
 
 RANDOM_BITS = 56
 _RANDOM_MASK = (1 << RANDOM_BITS) - 1
@@ -118,6 +119,16 @@ def _threshold_state(state: TraceState, th: int) -> TraceState:
     digits = f"{th:0{_TH_DIGITS}x}".rstrip("0") or "0"
     value = ";".join([f"th:{digits}", *members])
     return state.update(sc.TRACESTATE_OT, value) if sc.TRACESTATE_OT in state else state.add(sc.TRACESTATE_OT, value)
+
+
+def mark_kept(decision: Decision, attributes: Attributes, context: SpanContext) -> SpanContext:
+    """Write why a kept span was kept (and what it stands for) into its ``attributes``; returns
+    its context with the threshold in the trace state (unchanged when the count is unknown)."""
+    attributes[sc.LLM_SAMPLING_REASON] = decision.reasons
+    if decision.threshold is None:
+        return context
+    attributes[sc.LLM_SAMPLING_ADJUSTED_COUNT] = adjusted_count(decision.threshold)
+    return with_threshold(context, decision.threshold)
 
 
 class Typical:

@@ -27,7 +27,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanKind, Status, StatusCode, 
 from otel_llm import semconv as sc
 from otel_llm.capture.call import clock_anchor
 from otel_llm.telemetry.propagation import recorded_by_caller
-from otel_llm.telemetry.sampling import Sampler, adjusted_count, with_threshold
+from otel_llm.telemetry.sampling import Sampler, mark_kept
 from otel_llm.telemetry.spans import CallSpan, SdkSpanSink, make_sink
 from otel_llm.parse.routes import match_route
 from otel_llm.version import __version__
@@ -262,7 +262,7 @@ class GatewayTelemetry:
         if not span.recording or sdk is None:
             return
         context = span.context
-        attrs = {k: v for k, v in span.attributes.items() if v is not None}
+        attrs: dict[str, Any] = {k: v for k, v in span.attributes.items() if v is not None}
         attrs.update(self._end_attributes(exchange))
         status = (Status(StatusCode.ERROR, exchange.error or exchange.outcome) if exchange.status >= 500
                   else _UNSET)
@@ -272,10 +272,7 @@ class GatewayTelemetry:
                 ((exchange.end or exchange.t0) - exchange.t0) / 1e9, None if pending.caller_decides else span.parent)
             if not decision.keep:
                 return
-            attrs[sc.LLM_SAMPLING_REASON] = decision.reasons
-            if decision.threshold is not None:
-                attrs[sc.LLM_SAMPLING_ADJUSTED_COUNT] = adjusted_count(decision.threshold)
-                context = with_threshold(context, decision.threshold)
+            context = mark_kept(decision, attrs, context)
         for name, start, end, child_attrs in _children(exchange):
             sdk.emit(name, sdk.child_context(context), context, SpanKind.INTERNAL, child_attrs, start, end, _UNSET)
         sdk.emit(span.name, context, span.parent, SpanKind.SERVER, attrs, exchange.epoch0,
