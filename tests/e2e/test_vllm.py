@@ -24,6 +24,12 @@ from typing import Any
 import httpx
 import openai
 import pytest
+import yaml
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 
 import otel_llm
 from otel_llm import semconv as sc
@@ -31,9 +37,10 @@ from otel_llm.tools.gateway.process import GatewayProcess
 from otel_llm_testing.phoenix import PhoenixServer
 from otel_llm_testing.vllm import VllmServer
 from otel_llm_testing.otel import Otel, make_otel, until_recognized
+from otel_llm_testing.tail_sampling import SpanFacts, from_otlp, from_sdk, kept_traces
 from otel_llm.tools.view import group_calls, render_calls
 from otel_llm.export.jsonl import read_jsonl
-from otel_llm_testing.collectors import OtlpHttpCollector
+from otel_llm_testing.collectors import OtlpHttpCollector, Received
 from otel_llm_testing.subprocesses import clean_env, run_python
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.runtime, pytest.mark.backend]
@@ -428,6 +435,59 @@ def _counted_once_in_the_collectors_file(collector: OtlpHttpCollector, trace_id:
     assert call.span["attributes"][sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 12
     text = render_calls(read_jsonl(path), trace_id=trace_id, width=120)
     assert text.count("relayed on its behalf as:") == 1 and "out 12" in text, text
+
+
+# --- sampling: the shipped collector configuration on vLLM's real spans ---------------------------
+class _ChosenTraceIds(RandomIdGenerator):
+    """Trace ids whose random bits put each call on a chosen side of a 0.5 rate."""
+
+    def __init__(self, ids: list[int]) -> None:
+        self.ids = list(ids)
+
+    def generate_trace_id(self) -> int:
+        return self.ids.pop(0) if self.ids else super().generate_trace_id()
+
+
+def test_sampled_collector_config_keeps_vllm_spans_only_of_kept_calls(vllm: VllmServer,
+                                                                      collector: OtlpHttpCollector) -> None:
+    """otel_llm at rate 0.5 (rules off) asks vLLM to record every call; the tail sampling of
+    collector-config/otel-collector-sampled.yaml, applied to what really arrived, keeps vLLM's
+    span exactly where otel_llm kept the call, and the span of a request with no trace context."""
+    high, low = (1 << 56) - 1, 1   # random bits above and below the threshold of 0.5
+    ids = [(0xA0 + n) << 64 | (high if n % 2 == 0 else low) for n in range(4)]
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(id_generator=_ChosenTraceIds(ids))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    before = len(collector.received.traces)
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 2}
+    otel_llm.instrument(tracer_provider=provider, meter_provider=MeterProvider(), host_metrics=False,
+                        gpu_metrics=False, sample_rate=0.5, sample_keep="none", console_summary=False)
+    try:
+        with httpx.Client(base_url=vllm.base_url, timeout=60) as client:
+            for _ in ids:
+                client.post("/v1/chat/completions", json=body).raise_for_status()
+    finally:
+        otel_llm.uninstrument()
+    # after uninstrument: a client that sends no trace context
+    httpx.post(f"{vllm.base_url}/v1/chat/completions", json=body, timeout=60).raise_for_status()
+    traced = {format(i, "032x") for i in ids}
+
+    def runtime_spans() -> list[SpanFacts]:
+        received = Received(traces=collector.received.traces[before:])
+        return [f for f in from_otlp(received) if f.attributes.get("gen_ai.request.id")]
+
+    deadline = time.monotonic() + 60
+    while len(found := runtime_spans()) < len(ids) + 1 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert len(found) == len(ids) + 1, found
+    assert {f.scope for f in found} == {"vllm.tracing.otel"}, "the scope the configuration names"
+    roots = [f for f in found if f.trace_id not in traced]
+    assert len(roots) == 1 and roots[0].parent_span_id == ""
+    ours = from_sdk(exporter.get_finished_spans())
+    kept_calls = {f.trace_id for f in ours}
+    assert kept_calls == {format(i, "032x") for i in ids[0::2]}, "the rate kept the high half"
+    config = yaml.safe_load((ROOT / "collector-config" / "otel-collector-sampled.yaml").read_text())
+    assert kept_traces(config, [*found, *ours]) == kept_calls | {roots[0].trace_id}
 
 
 # --- the documentation's vLLM lines -----------------------------------------------------------------

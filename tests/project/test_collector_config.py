@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from otel_llm import semconv as sc
+from otel_llm_testing.tail_sampling import SpanFacts, kept_traces
 
 yaml = pytest.importorskip("yaml", reason="PyYAML (the `pyyaml` package) is needed to read the configs")
 
@@ -29,6 +30,7 @@ DEPLOY = ROOT / "deploy"
 COMPOSE = DEPLOY / "compose.yaml"
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "collector"
 COLLECTOR_CONFIGS = sorted(CONFIG_DIR.glob("*.yaml"))
+SAMPLED = CONFIG_DIR / "otel-collector-sampled.yaml"
 
 SECTIONS = {"receivers": "receiver", "processors": "processor", "exporters": "exporter",
             "connectors": "connector", "extensions": "extension"}
@@ -146,7 +148,10 @@ def _go_duration(text: str) -> float:
 
 
 def _full_configs() -> list[Path]:
-    return [p for p in COLLECTOR_CONFIGS if "tail_sampling" in (_load(p).get("processors") or {})]
+    """The configs that sample by themselves (with span metrics before): not the one that follows
+    the applications' own decisions (otel-collector-sampled.yaml)."""
+    return [p for p in COLLECTOR_CONFIGS
+            if "tail_sampling" in (_load(p).get("processors") or {}) and p != SAMPLED]
 
 
 # --- the vendored component list -----------------------------------------------------------------
@@ -164,7 +169,8 @@ def test_vendored_manifest_names_its_source_and_is_complete() -> None:
 
 def test_configs_exist() -> None:
     names = {p.name for p in COLLECTOR_CONFIGS}
-    assert {"otel-collector.yaml", "otel-collector-full.yaml", "otel-collector-loadbalancer.yaml"} <= names
+    assert {"otel-collector.yaml", "otel-collector-full.yaml", "otel-collector-loadbalancer.yaml",
+            SAMPLED.name} <= names
     assert _full_configs(), "no collector config with tail sampling"
 
 
@@ -429,6 +435,54 @@ def test_sampling_comes_after_span_metrics(full: dict[str, Any]) -> None:
     assert len(sampled) == 1 and _signal(sampled[0]) == "traces"
     exporters = {_type(e) for e in pipelines[sampled[0]]["exporters"]}
     assert exporters == {"otlp"} and {"otlp/jaeger", "otlp/tempo"} <= set(pipelines[sampled[0]]["exporters"])
+
+
+# --- following the applications' sampling (otel-collector-sampled.yaml) -----------------------------
+
+VLLM_SCOPE = "vllm.tracing.otel"   # vLLM's tracer (tests/e2e/test_vllm.py checks it on the real one)
+
+
+def _span(trace: str, scope: str, parent: str = "", **attributes: Any) -> SpanFacts:
+    return SpanFacts(trace, format(hash((trace, scope, parent)) & 0xFFFF_FFFF_FFFF, "016x"), parent, scope, attributes)
+
+
+def test_sampled_config_keeps_the_runtime_s_spans_only_where_someone_kept_the_trace() -> None:
+    config = _load(SAMPLED)
+    spans = [
+        # otel_llm dropped the call: only vLLM's span, under a parent that never arrives
+        _span("a" * 32, VLLM_SCOPE, parent="1" * 16),
+        # otel_llm kept the call (with its phases): vLLM's span rides with it
+        _span("b" * 32, sc.INSTRUMENTATION_NAME, **{sc.LLM_SAMPLING_REASON: ("slow",)}),
+        _span("b" * 32, sc.INSTRUMENTATION_NAME, parent="2" * 16),
+        _span("b" * 32, VLLM_SCOPE, parent="3" * 16),
+        # the gateway kept its tree for a caller that does not sample (its upstream call is otel_llm's)
+        _span("c" * 32, f"{sc.INSTRUMENTATION_NAME}.gateway"),
+        _span("c" * 32, VLLM_SCOPE, parent="4" * 16),
+        # a client with no trace context: vLLM's span is a root
+        _span("d" * 32, VLLM_SCOPE),
+        # the application's own spans of a trace it kept, with no model call in it
+        _span("e" * 32, "my.app", parent="5" * 16),
+    ]
+    assert kept_traces(config, spans) == {"b" * 32, "c" * 32, "d" * 32, "e" * 32}
+
+
+def test_sampled_config_samples_nothing_by_itself() -> None:
+    """No share, no latency rule: the applications chose; the policies are only the two readings."""
+    config = _load(SAMPLED)
+    policies = config["processors"]["tail_sampling"]["policies"]
+    assert {p["type"] for p in _policies(policies)} == {"ottl_condition"}
+    conditions = [c for p in policies for c in p["ottl_condition"]["span"]]
+    assert any(VLLM_SCOPE in c for c in conditions) and "IsRootSpan()" in conditions
+    pipelines = _pipelines(config)
+    assert [p for p, body in pipelines.items() if "tail_sampling" in (body.get("processors") or [])] == ["traces"]
+    assert _go_duration(config["processors"]["tail_sampling"]["decision_wait"]) >= 10, \
+        "the call's and the runtime's spans each wait up to the SDKs' 5 s batch delay"
+
+
+def test_sampled_config_is_described_where_users_look() -> None:
+    readme = (CONFIG_DIR / "README.md").read_text(encoding="utf-8")
+    sampling = (ROOT / "docs" / "sampling.md").read_text(encoding="utf-8")
+    assert SAMPLED.name in readme and SAMPLED.name in sampling
 
 
 # --- span metrics --------------------------------------------------------------------------------
