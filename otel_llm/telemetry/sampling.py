@@ -127,7 +127,7 @@ def mark_kept(decision: Decision, attributes: Attributes, context: SpanContext) 
     attributes[sc.LLM_SAMPLING_REASON] = decision.reasons
     if decision.threshold is None:
         return context
-    attributes[sc.LLM_SAMPLING_ADJUSTED_COUNT] = adjusted_count(decision.threshold)
+    attributes[sc.LLM_SAMPLING_ADJUSTED_COUNT] = 1.0 if decision.threshold == 0 else adjusted_count(decision.threshold)
     return with_threshold(context, decision.threshold)
 
 
@@ -135,7 +135,7 @@ class Typical:
     """What recent values of one measure were, in bounded memory: counts in log-spaced buckets
     (about 9 % wide), halved whenever they reach ``window`` so that old calls fade out."""
 
-    __slots__ = ("counts", "total", "window", "_judged_at", "_median", "_slowest")
+    __slots__ = ("counts", "total", "window", "_rejudge_at", "_median", "_slowest")
 
     _PER_OCTAVE = 8
 
@@ -143,17 +143,46 @@ class Typical:
         self.counts: dict[int, int] = {}
         self.total = 0
         self.window = window
-        self._judged_at = -1  # the total the cached median and slowest 1 % were read at
+        # the median and slowest 1 % are read again once the counts grew by a 32nd since they
+        # were last read (the walk over the buckets is the cost), or after a halving
+        self._rejudge_at = 0
         self._median: float | None = None
         self._slowest: float | None = None
 
+    def observe(self, value: float) -> bool:
+        """:meth:`is_slow`, then :meth:`add`: what each call does, in one step (it is on every
+        call's path, hence spelled out)."""
+        total = self.total
+        slow = False
+        if total >= MIN_TYPICAL:
+            if total >= self._rejudge_at:
+                self._judge(total)
+            median, slowest = self._median, self._slowest
+            slow = (median is not None and value >= SLOW_FACTOR * median) or (slowest is not None and value > slowest)
+        index = math.floor(math.log2(value) * self._PER_OCTAVE) if value > 1e-9 else -240
+        counts = self.counts
+        counts[index] = counts.get(index, 0) + 1
+        self.total = total = total + 1
+        if total >= self.window:
+            self._halve()
+        return slow
+
     def add(self, value: float) -> None:
-        index = self._index(value)
+        index = math.floor(math.log2(value) * self._PER_OCTAVE) if value > 1e-9 else -240
         self.counts[index] = self.counts.get(index, 0) + 1
         self.total += 1
         if self.total >= self.window:
-            self.counts = {k: v // 2 for k, v in self.counts.items() if v > 1}
-            self.total = sum(self.counts.values())
+            self._halve()
+
+    def is_slow(self, value: float) -> bool:
+        """Whether ``value`` is slow next to the values seen so far (before adding it)."""
+        total = self.total
+        if total < MIN_TYPICAL:
+            return False
+        if total >= self._rejudge_at:
+            self._judge(total)
+        median, slowest = self._median, self._slowest
+        return (median is not None and value >= SLOW_FACTOR * median) or (slowest is not None and value > slowest)
 
     def quantile(self, q: float) -> float | None:
         """The value below which ``q`` of the recent calls fell (a bucket's upper edge)."""
@@ -167,21 +196,15 @@ class Typical:
                 return float(2.0 ** ((index + 1) / self._PER_OCTAVE))
         return None
 
-    def is_slow(self, value: float) -> bool:
-        """Whether ``value`` is slow next to the values seen so far (before adding it)."""
-        total = self.total
-        if total < MIN_TYPICAL:
-            return False
-        # read again once the counts moved by a 32nd (the walk over the buckets is the cost)
-        if not 0 <= total - self._judged_at < max(1, total >> 5):
-            self._judged_at = total
-            self._median = self.quantile(0.5)
-            self._slowest = self.quantile(SLOW_QUANTILE) if total >= MIN_QUANTILE else None
-        median, slowest = self._median, self._slowest
-        return (median is not None and value >= SLOW_FACTOR * median) or (slowest is not None and value > slowest)
+    def _judge(self, total: int) -> None:
+        self._rejudge_at = total + max(1, total >> 5)
+        self._median = self.quantile(0.5)
+        self._slowest = self.quantile(SLOW_QUANTILE) if total >= MIN_QUANTILE else None
 
-    def _index(self, value: float) -> int:
-        return math.floor(math.log2(value) * self._PER_OCTAVE) if value > 1e-9 else -240
+    def _halve(self) -> None:
+        self.counts = {k: v // 2 for k, v in self.counts.items() if v > 1}
+        self.total = sum(self.counts.values())
+        self._rejudge_at = 0
 
 
 class Sampler:
@@ -274,26 +297,29 @@ class Sampler:
         whole = _seconds(duration)
         slow = (whole is not None and self.slow_duration is not None and whole >= self.slow_duration) or \
             (ttft is not None and self.slow_ttft is not None and ttft >= self.slow_ttft)
-        key = (str(attributes.get(sc.SERVER_ADDRESS)), str(attributes.get(sc.SERVER_PORT)),
-               str(attributes.get(sc.GEN_AI_REQUEST_MODEL)), ttft is not None)
+        key: tuple[object, ...] = (attributes.get(sc.SERVER_ADDRESS), attributes.get(sc.SERVER_PORT),
+                                   attributes.get(sc.GEN_AI_REQUEST_MODEL), ttft is not None)
         with self._lock:
-            series = self._series.get(key)
+            try:
+                series = self._series.get(key)
+            except TypeError:  # an unhashable value: its text names the series
+                key = tuple(map(str, key))
+                series = self._series.get(key)
             if series is None:
                 if len(self._series) >= MAX_SERIES:
                     del self._series[next(iter(self._series))]
                 series = self._series[key] = (Typical(), Typical())
-            first, total = series
             if ttft is not None:
-                slow = first.is_slow(ttft) or slow
-                first.add(ttft)
+                slow = series[0].observe(ttft) or slow
             if whole is not None:
-                slow = total.is_slow(whole) or slow
-                total.add(whole)
+                slow = series[1].observe(whole) or slow
         return slow
 
 
 def _seconds(value: object) -> float | None:
     """A finite, non-negative number of seconds, else None (judged by nothing)."""
+    if value.__class__ is float:  # the usual case, checked first
+        return value if 0.0 <= value < math.inf else None
     if isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value < math.inf:
         return float(value)
     return None
