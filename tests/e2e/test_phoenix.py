@@ -8,6 +8,7 @@ otel_llm_testing.phoenix): hence the generous timeout.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -207,3 +208,145 @@ def test_page_phoenix_commands(upstream: SimProcess, tmp_path: Path) -> None:
     finally:
         server.terminate()
         server.wait(30)
+
+
+# A call under an application span that the application's own sampler dropped: sample_rate=0, so only
+# a rule keeps a call; the failed one is kept and exported under its parent's trace and span ids, the
+# ordinary one is not, and the parent span itself never is. Two ways to get there: the application's
+# tracer provider (global, its head sampler drops every trace) that otel_llm then uses and that exports
+# to Phoenix, or otel_llm's own provider exporting to Phoenix while the application's span comes from
+# another provider that records nothing.
+DROPPED_PARENT_APP = """
+import sys
+
+import openai
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
+
+import otel_llm
+
+url, endpoint, setup = sys.argv[1:4]
+resource = Resource.create({"service.name": f"dropped-parent-{setup}"})  # + OTEL_RESOURCE_ATTRIBUTES
+options = dict(sample_rate=0, host_metrics=False, gpu_metrics=False, runtime_metrics=False)
+if setup == "app-provider":
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    app_provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.0)), resource=resource)
+    app_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(f"{endpoint}/v1/traces")))
+    trace.set_tracer_provider(app_provider)
+    otel_llm.instrument(**options)
+else:
+    app_provider = TracerProvider(sampler=ALWAYS_OFF, resource=resource)
+    otel_llm.instrument(endpoint=endpoint, **options)
+client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+messages = [{"role": "user", "content": "where did the time go"}]
+with app_provider.get_tracer("app").start_as_current_span("handle request") as app:
+    parent = app.get_span_context()
+    assert parent.is_valid and not parent.trace_flags.sampled and not app.is_recording(), parent
+    answer = client.chat.completions.create(model=f"{setup}-ok", messages=messages)
+    assert answer.choices[0].message.content.startswith("tok0"), answer
+    try:
+        client.chat.completions.create(model=f"{setup}-503", messages=messages,
+                                       extra_headers={"x-sim-error-status": "503"})
+    except openai.APIStatusError as exc:
+        assert exc.status_code == 503, exc
+    else:
+        raise AssertionError("the simulator did not fail the call")
+otel_llm.uninstrument()  # flushes otel_llm's own provider
+app_provider.shutdown()  # and the application's
+print(f"PARENT {parent.trace_id:032x} {parent.span_id:016x}")
+"""
+
+TRACE_QUERY = """
+query ($project: ID!, $traceId: ID!) {
+  node(id: $project) {
+    ... on Project {
+      traceCount
+      trace(traceId: $traceId) {
+        traceId
+        numSpans
+        rootSpan { name spanId parentId }
+        spans(first: 100) { edges { node { name spanId parentId } } }
+      }
+      rootsByParentId: spans(first: 100, filterCondition: "parent_id is None") { edges { node { name } } }
+      rootsByParentSpan: spans(first: 100, filterCondition: "parent_span is None") {
+        edges { node { name spanId parentId } }
+      }
+    }
+  }
+}
+"""
+
+
+@pytest.mark.parametrize("setup", ["app-provider", "otel-llm-provider"])
+def test_a_kept_call_under_a_dropped_parent_is_an_orphan_root_in_phoenix(phoenix: PhoenixServer, upstream: SimProcess,
+                                                                          setup: str, tmp_path: Path) -> None:
+    """What Phoenix shows for a call a rule kept (HTTP 503) under an application span its sampler
+    dropped: the call span keeps the missing parent's id as ``parent_id``; the trace is listed and
+    found by its id, and Phoenix takes the call for its root (the trace's ``rootSpan``, the
+    ``parent_span is None`` filter; the trace page's tree, not checked here, puts a span whose parent
+    is absent at the top), but not where roots are asked for as ``parent_id is None`` (the spans
+    table's default filter, the REST API's ``parent_id=null``). The ordinary call under the same
+    parent exports nothing."""
+    import httpx
+
+    project = f"dropped-parent-{setup}"
+    # Phoenix files spans under the resource's openinference.project.name: one project per setup
+    env = clean_env(OTEL_METRICS_EXPORTER="none", OTEL_RESOURCE_ATTRIBUTES=f"openinference.project.name={project}")
+    run = run_python(DROPPED_PARENT_APP, tmp_path, env, upstream.base_url, phoenix.otlp_http_endpoint, setup,
+                     timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert not (tmp_path / "otel-llm-traces.jsonl").exists()
+    trace_id, parent_id = run.stdout.split("PARENT ")[1].split()
+
+    def arrived(found: list[dict[str, Any]]) -> bool:
+        call = _call(found, f"{setup}-503")
+        return call is not None and {sc.SPAN_UPLOAD, sc.SPAN_SERVER_WAIT, sc.SPAN_DOWNLOAD} <= {
+            s["name"] for s in _children(found, call)}
+
+    spans = phoenix.wait_for_spans(arrived, timeout=60, project=project)
+    time.sleep(1)  # anything else exported with it (the ordinary call) would be in by now
+    spans = phoenix.spans(project=project)
+    call = _call(spans, f"{setup}-503")
+    assert call is not None
+    # the kept call: the application's trace id, its dropped span's id as parent, kept for failing
+    assert call["context"]["trace_id"] == trace_id
+    assert call["parent_id"] == parent_id
+    assert call["status_code"] == "ERROR" and call["span_kind"] == "LLM"
+    assert call["attributes"][sc.HTTP_RESPONSE_STATUS_CODE] == 503
+    assert call["attributes"][sc.LLM_SAMPLING_REASON] == ["failed"]
+    assert call["attributes"][sc.LLM_SAMPLING_ADJUSTED_COUNT] == 1.0
+    # nothing else: the ordinary call was dropped, the parent span never exported
+    assert _call(spans, f"{setup}-ok") is None
+    assert all(s["context"]["trace_id"] == trace_id for s in spans)
+    assert [s for s in spans if s["parent_id"] != _span_id(call)] == [call]
+    assert parent_id not in {_span_id(s) for s in spans}
+
+    with httpx.Client(base_url=phoenix.url, timeout=30) as client:
+        base = f"/v1/projects/{project}"
+        # REST: the parent id is stored as sent, so the call is no root where "no parent id" means root
+        assert client.get(f"{base}/spans", params={"parent_id": "null"}).json()["data"] == []
+        by_parent = client.get(f"{base}/spans", params={"parent_id": parent_id}).json()["data"]
+        assert [s["name"] for s in by_parent] == [call["name"]]
+        assert client.get(f"{base}/spans", params={"span_id": parent_id}).json()["data"] == []
+        traces = client.get(f"{base}/traces").json()["data"]
+        assert [t["trace_id"] for t in traces] == [trace_id]  # the trace is listed, one per trace id
+        assert (_time(traces[0]["start_time"]), _time(traces[0]["end_time"])) == (
+            _time(call["start_time"]), _time(call["end_time"]))  # spanning the call alone
+
+        answer = client.post("/graphql", json={"query": TRACE_QUERY, "variables": {
+            "project": traces[0]["project_id"], "traceId": trace_id}}).json()
+    assert "errors" not in answer, answer
+    node = answer["data"]["node"]
+    assert node["traceCount"] == 1
+    found = node["trace"]  # found by its id...
+    assert found["traceId"] == trace_id and found["numSpans"] == len(spans)
+    # ...with the orphan call as its root span: Phoenix's roots include spans whose parent never arrived
+    assert found["rootSpan"] == {"name": call["name"], "spanId": _span_id(call), "parentId": parent_id}
+    assert {e["node"]["spanId"] for e in found["spans"]["edges"]} == {_span_id(s) for s in spans}
+    assert [e["node"] for e in node["rootsByParentSpan"]["edges"]] == [found["rootSpan"]]
+    # but the spans table's default filter, `parent_id is None`, leaves it out
+    assert node["rootsByParentId"]["edges"] == []
