@@ -464,6 +464,15 @@ def test_sampled_config_keeps_the_runtime_s_spans_only_where_someone_kept_the_tr
         _span("e" * 32, "my.app", parent="5" * 16),
     ]
     assert kept_traces(config, spans) == {"b" * 32, "c" * 32, "d" * 32, "e" * 32}
+    # a proxy of the user's between otel_llm and vLLM records every call too: named beside the runtime
+    # (as the file says), its spans of a dropped call no longer keep the trace
+    proxied = [_span("f" * 32, "my.proxy", parent="6" * 16), _span("f" * 32, VLLM_SCOPE, parent="7" * 16)]
+    assert kept_traces(config, proxied) == {"f" * 32}
+    (upstream,) = [p for p in config["processors"]["tail_sampling"]["policies"] if p["name"] == "kept-upstream"]
+    upstream["ottl_condition"]["span"] = [c + ' and instrumentation_scope.name != "my.proxy"'
+                                          for c in upstream["ottl_condition"]["span"]]
+    assert kept_traces(config, proxied) == set()
+    assert kept_traces(config, spans) == {"b" * 32, "c" * 32, "d" * 32, "e" * 32}
 
 
 def test_sampled_config_samples_nothing_by_itself() -> None:
