@@ -43,6 +43,7 @@ def instrument(
     sample_keep: Sequence[str] | str | None = None,
     slow_ttft: float | None = None,
     slow_duration: float | None = None,
+    record_suppressed: bool | None = None,
 ) -> None:
     """Start tracing model calls. Idempotent: a second call while instrumented does nothing.
 

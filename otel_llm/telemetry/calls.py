@@ -30,6 +30,7 @@ from otel_llm.telemetry.metrics import call_metrics
 from otel_llm.telemetry.propagation import inject_context, recorded_by_caller
 from otel_llm.telemetry.sampling import Sampler, mark_kept
 from otel_llm.telemetry.spans import ApiSpanSink, CallSpan, make_sink
+from otel_llm.telemetry.suppression import note_suppressed, suppressed
 from otel_llm.version import __version__
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ class CallSettings:
     llm_routes: Sequence[str] = ()
     genai_semconv: str = GENAI_DEFAULT  # OTEL_SEMCONV_STABILITY_OPT_IN's choice (otel_llm.config.genai_semconv)
     sampler: Sampler | None = None  # sample_rate set: which calls' spans are kept, decided after each
+    record_suppressed: bool = False  # calls inside suppress_instrumentation() recorded anyway
 
 
 class Telemetry:
@@ -68,7 +70,8 @@ class Telemetry:
         self._llm_routes = tuple(settings.llm_routes)
         self.capture_content = settings.capture_content
         self._sampler = settings.sampler
-        self._spans = make_sink(self.tracer, decide_later=self._sampler is not None)
+        self._spans = make_sink(self.tracer, decide_later=self._sampler is not None,
+                                unsuppressed=settings.record_suppressed)
         if self._sampler is not None and isinstance(self._spans, ApiSpanSink):
             log_once("sample_rate needs the OpenTelemetry SDK's tracer provider: with this one, its "
                      "sampler decides which calls are recorded", exc_info=False)
@@ -84,7 +87,13 @@ class Telemetry:
 
     # -- the capture seam (CallSink) ---------------------------------------------------------
     def route(self, path: str) -> Route | None:
-        return match_route(path, self._llm_routes)
+        """The model call this request path is, if any: none inside OpenTelemetry's
+        ``suppress_instrumentation()`` unless ``record_suppressed`` (see ``suppression``)."""
+        route = match_route(path, self._llm_routes)
+        if route is not None and not self.settings.record_suppressed and suppressed():
+            note_suppressed()
+            return None
+        return route
 
     def call_started(self, call: LlmCall) -> CallStart:
         """Sampling decision, in-flight admission, ``traceparent`` into the request headers."""

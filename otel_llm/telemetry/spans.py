@@ -24,6 +24,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from otel_llm._types import AttributeMap, Attributes
+from otel_llm.telemetry import suppression
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import Tracer as SdkTracer
@@ -134,11 +135,16 @@ class SdkSpanSink:
 class ApiSpanSink:
     """Ordinary spans through the OpenTelemetry API, for tracers other than the SDK's."""
 
-    def __init__(self, tracer: trace.Tracer) -> None:
+    def __init__(self, tracer: trace.Tracer, unsuppressed: bool = False) -> None:
         self._tracer = tracer
+        # record_suppressed: a call is only captured inside suppress_instrumentation() when the
+        # user asked for it, so its spans start where suppression is lifted (a tracer may honour it)
+        self._unsuppressed = unsuppressed
 
     def start(self, name: str, attributes: Attributes, start_time: int) -> CallSpan:
-        live = self._tracer.start_span(name, kind=SpanKind.CLIENT, attributes=attributes, start_time=start_time)
+        parent = suppression.unsuppressed() if self._unsuppressed else None
+        live = self._tracer.start_span(name, context=parent, kind=SpanKind.CLIENT, attributes=attributes,
+                                       start_time=start_time)
         return CallSpan(live.get_span_context(), None, live.is_recording(), name, attributes, live)
 
     def finish(self, timeline: Timeline, span: CallSpan, result: CallResult) -> None:
@@ -150,7 +156,7 @@ class ApiSpanSink:
         live.set_attributes(result.attributes)
         for name, attributes in result.events or ():
             live.add_event(name, attributes, timestamp=timeline.epoch)
-        context = trace.set_span_in_context(live)
+        context = trace.set_span_in_context(live, suppression.unsuppressed() if self._unsuppressed else None)
         for phase, child_attributes in zip(result.children, result.child_attributes):
             child = self._tracer.start_span(
                 phase.name, context=context, kind=SpanKind.INTERNAL,
@@ -175,13 +181,14 @@ def _call_status(error: str | None) -> Status:
     return Status(StatusCode.ERROR, error) if error else _UNSET
 
 
-def make_sink(tracer: trace.Tracer, decide_later: bool = False) -> SdkSpanSink | ApiSpanSink:
+def make_sink(tracer: trace.Tracer, decide_later: bool = False,
+              unsuppressed: bool = False) -> SdkSpanSink | ApiSpanSink:
     """The cheap SDK sink when ``tracer`` is the SDK's own (and enabled), else the API sink (which
     cannot decide after the call: its spans exist from the start)."""
     try:
         from opentelemetry.sdk.trace import Tracer as SdkTracer
     except ImportError:
-        return ApiSpanSink(tracer)
+        return ApiSpanSink(tracer, unsuppressed)
     if type(tracer) is SdkTracer and getattr(tracer, "_is_enabled", lambda: True)():
         return SdkSpanSink(tracer, decide_later)
-    return ApiSpanSink(tracer)
+    return ApiSpanSink(tracer, unsuppressed)
