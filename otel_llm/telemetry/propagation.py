@@ -12,6 +12,11 @@ without it (curl, an uninstrumented client) is counted from the gateway's record
 header the request already has is kept and the entry added to it. The entry is written only where
 the baggage propagator is configured (OpenTelemetry's default, ``OTEL_PROPAGATORS=tracecontext,baggage``)
 and ``traceparent`` was written: ``OTEL_PROPAGATORS=tracecontext`` sends no baggage, ``none`` nothing.
+
+When this process decides after the call whether to keep it (``sample_rate``) and has not decided
+yet, the entry carries the property ``pending`` (``otel_llm.recorded=1;pending``): the sampled flag
+asks the servers to record while the caller decides, it does not say the trace was kept
+(``pending_at_caller``). A call under a span the application's sampler kept goes without it.
 """
 
 from __future__ import annotations
@@ -29,10 +34,11 @@ from otel_llm._log import log_once
 if TYPE_CHECKING:
     from otel_llm.telemetry.spans import CallSpan
 
-__all__ = ["RECORDED_ENTRY", "inject_context", "recorded_by_caller"]
+__all__ = ["PENDING_ENTRY", "RECORDED_ENTRY", "inject_context", "pending_at_caller", "recorded_by_caller"]
 
 RECORDED_KEY = sc.BAGGAGE_RECORDED
 RECORDED_ENTRY = RECORDED_KEY + "=1"
+PENDING_ENTRY = RECORDED_ENTRY + ";pending"
 _MAX_BAGGAGE = 8192  # W3C baggage: at most 8192 bytes and 180 list-members in all
 _MAX_MEMBERS = 180
 _DEFAULT_KINDS = (TraceContextTextMapPropagator, W3CBaggagePropagator)
@@ -55,8 +61,9 @@ def _kind(textmap: Any) -> tuple[bool, bool]:
     return default, with_baggage
 
 
-def inject_context(headers: Any, span: CallSpan) -> None:
-    """Write ``traceparent`` (and ``tracestate``) for ``span`` into ``headers``."""
+def inject_context(headers: Any, span: CallSpan, pending: bool = False) -> None:
+    """Write ``traceparent`` (and ``tracestate``) for ``span`` into ``headers``; ``pending``: the
+    call's keep decision is still to be made (see the module docstring)."""
     context = span.context
     default, with_baggage = _kind(propagate.get_global_textmap())
     if span.live is None and context.is_valid and default and not baggage.get_all():
@@ -64,12 +71,12 @@ def inject_context(headers: Any, span: CallSpan) -> None:
         if context.trace_state:
             headers["tracestate"] = context.trace_state.to_header()
         if with_baggage:
-            _mark_recorded(headers)
+            _mark_recorded(headers, pending)
         return
     carrier = span.live if span.live is not None else trace.NonRecordingSpan(context)
     propagate.inject(headers, context=trace.set_span_in_context(carrier))
     if with_baggage and headers.get("traceparent"):  # the mark travels with the W3C trace context, never alone
-        _mark_recorded(headers)
+        _mark_recorded(headers, pending)
 
 
 def _baggage(headers: Any) -> str | None:
@@ -84,27 +91,35 @@ def _baggage(headers: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _recorded_value(value: str) -> str | None:
-    """The value of the ``otel_llm.recorded`` list-member, or None without one."""
+def _recorded_member(value: str) -> tuple[str, list[str]] | None:
+    """The value and properties of the ``otel_llm.recorded`` list-member, or None without one."""
     if RECORDED_KEY not in value:
         return None
     for member in value.split(","):
         key, _, rest = member.partition("=")
         if key.strip() == RECORDED_KEY:
-            return rest.partition(";")[0].strip()
+            found, *properties = rest.split(";")
+            return found.strip(), [p.strip() for p in properties]
     return None
 
 
-def _mark_recorded(headers: Any) -> None:
-    """Add ``otel_llm.recorded=1`` to the request's baggage, keeping what is there."""
+def _recorded_value(value: str) -> str | None:
+    """The value of the ``otel_llm.recorded`` list-member, or None without one."""
+    member = _recorded_member(value)
+    return member[0] if member is not None else None
+
+
+def _mark_recorded(headers: Any, pending: bool = False) -> None:
+    """Add ``otel_llm.recorded=1`` (``;pending``) to the request's baggage, keeping what is there."""
+    entry = PENDING_ENTRY if pending else RECORDED_ENTRY
     try:
         present = _baggage(headers)
         if not present:
-            headers["baggage"] = RECORDED_ENTRY
+            headers["baggage"] = entry
         elif _recorded_value(present) is None \
-                and len(present) + len(RECORDED_ENTRY) + 1 <= _MAX_BAGGAGE and present.count(",") + 1 < _MAX_MEMBERS:
+                and len(present) + len(entry) + 1 <= _MAX_BAGGAGE and present.count(",") + 1 < _MAX_MEMBERS:
             # (a header already at the W3C limits is left as the application wrote it)
-            headers["baggage"] = f"{present},{RECORDED_ENTRY}"
+            headers["baggage"] = f"{present},{entry}"
     except Exception:
         log_once("adding otel_llm.recorded to the request's baggage failed")
 
@@ -117,3 +132,14 @@ def recorded_by_caller(headers: Any) -> bool:
     except Exception:
         return False
     return value is not None and _recorded_value(value) == "1"
+
+
+def pending_at_caller(headers: Any) -> bool:
+    """Whether the request's caller records the call and has not decided yet whether to keep it
+    (``otel_llm.recorded=1;pending``): its sampled flag is not a kept trace."""
+    try:
+        value = _baggage(headers)
+        member = _recorded_member(value) if value is not None else None
+    except Exception:
+        return False
+    return member is not None and member[0] == "1" and "pending" in member[1]

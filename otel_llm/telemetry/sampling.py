@@ -227,7 +227,10 @@ class Sampler:
     def decide(self, context: SpanContext, parent: SpanContext | None, attributes: AttributeMap,
                error: str | None, duration: float, restarted: bool = False) -> Decision:
         """Keep the call whose call span has ``context`` (under ``parent``) and ``attributes``?"""
-        reasons = self.reasons(attributes, error, duration, restarted)
+        return self._given(context, parent, self.reasons(attributes, error, duration, restarted))
+
+    def _given(self, context: SpanContext, parent: SpanContext | None, reasons: tuple[str, ...]) -> Decision:
+        """The decision once the rules gave ``reasons``: the waiting parent, the application's, the rate."""
         waiting = self._waiting.get(parent.span_id) if parent is not None and self._waiting else None
         if waiting is not None:  # a parent of this process that decides after its children
             decision = self._unparented(context, reasons)
@@ -261,14 +264,20 @@ class Sampler:
         """Stop waiting for the span ``open_parent`` registered (it records nothing)."""
         self._waiting.pop(context.span_id, None)
 
-    def close_parent(self, context: SpanContext, attributes: AttributeMap, error: str | None, duration: float,
-                     parent: SpanContext | None) -> Decision:
+    def close_parent(self, context: SpanContext, error: str | None, parent: SpanContext | None) -> Decision:
         """The decision for the span ``open_parent`` registered: kept as its kept child was (the
-        same reasons and count), else by its own rules and its own parent, as a call is."""
+        same reasons and count), else for its own error, or by its own parent or the rate as a call
+        is. Its duration is not judged: it would keep a tree without its model call for a slow
+        upload or queue, or for the noise of the requests whose call was dropped."""
         kept = self._waiting.pop(context.span_id, None)
         if kept:
             return kept[0]
-        return self.decide(context, parent, attributes, error, duration)
+        return self._given(context, parent, ("failed",) if error is not None and "failed" in self.keep else ())
+
+    def pending(self, parent: SpanContext | None) -> bool:
+        """Whether a call under ``parent`` goes out with its decision still to be made: the sampled
+        flag it sends then says "record while I decide", not that its trace was kept."""
+        return parent is None or not parent.trace_flags & TraceFlags.SAMPLED or parent.span_id in self._waiting
 
     def reasons(self, attributes: AttributeMap, error: str | None, duration: float,
                 restarted: bool = False) -> tuple[str, ...]:

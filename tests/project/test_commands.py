@@ -177,6 +177,54 @@ def test_sampling_benchmark_misses_no_outlier_and_counts_every_call() -> None:
     assert re.search(r"^spans exported at rate 0.1: [\d.]+x fewer than at off", result.stdout, re.M), result.stdout
 
 
+_SERVER_ROW = re.compile(r"^ *(gateway|proxy) +(\S+): +(\d+) spans, +(\d+) calls kept \((.*?)\); outliers missed (\d+) "
+                         r"of (\d+); adjusted counts sum (\d+) for (\d+) calls; metrics counted (\d+), requests (\d+); "
+                         r"CPU .*?; trees cut (\d+)(?:; client and gateway disagree on (\d+) traces(?: \((.*)\))?)?$",
+                         re.M)
+# rules each process judges by the timings it saw itself: the client and the gateway can differ
+_JUDGED_APART = {"slow", "queued", "buffered"}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("via", ["gateway", "proxy"])
+def test_sampling_benchmark_through_the_gateway_and_the_proxy(via: str) -> None:
+    """``benchmarks/sampling.py --via``, shortened: through ``otel-llm gateway`` (instrumented client)
+    and ``otel-llm proxy`` (uninstrumented client) every injected outlier's server tree is exported,
+    no tree is cut, the server's metrics count every call, the ordinary calls kept and the adjusted
+    counts are within binomial bounds of the rate; client and gateway keep the same traces, but for
+    a rule each judges by its own timings (the slowest 1 % of its own calls)."""
+    calls, rate, outliers = 400, 0.1, 12  # 12: one call in 33, taking turns: slow, failed, cold
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sampling.py"), "--calls", str(calls),
+                             "--rates", f"off,{rate}", "--outliers", "0.03", "--via", via],
+                            capture_output=True, text=True, timeout=580, env=ENV)
+    rows = _SERVER_ROW.findall(result.stdout)
+    assert [(row[0], row[1]) for row in rows] == [(via, "off"), (via, "0.1")], result.stdout + result.stderr[-3000:]
+    for _, _, _, _, _, missed, seen, _, made, counted, requests, cut, disagree, why in rows:
+        assert (missed, seen, made, counted, requests, cut) == ("0", str(outliers), str(calls), str(calls),
+                                                                 str(calls), "0"), result.stdout
+        assert (disagree != "") == (via == "gateway"), result.stdout  # the gateway's row says it
+        if disagree not in ("", "0"):  # kept by one side alone: only by a rule judged apart
+            assert set(re.findall(r"([a-z]+) \d+", why)) <= _JUDGED_APART, result.stdout
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    full, sampled = int(rows[0][2]), int(rows[1][2])
+    _, _, _, kept, reasons, _, _, estimate, *_ = rows[1]
+    by_reason = {name: int(n) for name, n in re.findall(r"(\w+) (\d+)", reasons)}
+    assert by_reason.get("failed") == outliers // 3 and by_reason.get("cold") == outliers // 3, result.stdout
+    assert by_reason.get("slow", 0) >= outliers // 3, result.stdout
+    # the ordinary calls kept at the rate: binomial, within 4 standard deviations
+    ordinary = calls - (int(kept) - by_reason.get("rate", 0))  # less those a rule kept
+    mean, sd = ordinary * rate, (ordinary * rate * (1 - rate)) ** 0.5
+    assert abs(by_reason.get("rate", 0) - mean) <= 4 * sd, (by_reason, mean, sd)
+    # the adjusted counts estimate the calls made: each call kept at the rate stands for 1 / rate
+    assert abs(int(estimate) - calls) <= 4 * (ordinary * (1 - rate) / rate) ** 0.5, result.stdout
+    assert sampled < full / 3, result.stdout
+    if via == "gateway":  # the client's own rows: every outlier kept, every call counted
+        client = re.findall(r"^rate +(\S+): .*; outliers missed (\d+) of (\d+); .*; metrics counted (\d+);",
+                            result.stdout, re.M)
+        assert client == [(r, "0", str(outliers), str(calls)) for r in ("off", "0.1")], result.stdout
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_replayed_streams_give_the_per_chunk_figure() -> None:

@@ -167,6 +167,10 @@ RUN_BY = {
         PROJECT + "test_commands.py::test_seam_costs_of_a_dropped_call",
     "python benchmarks/sampling.py":
         PROJECT + "test_commands.py::test_sampling_benchmark_misses_no_outlier_and_counts_every_call",
+    "python benchmarks/sampling.py --via gateway":
+        PROJECT + "test_commands.py::test_sampling_benchmark_through_the_gateway_and_the_proxy",
+    "python benchmarks/sampling.py --via proxy":
+        PROJECT + "test_commands.py::test_sampling_benchmark_through_the_gateway_and_the_proxy",
     "python benchmarks/instructions.py --replay":
         PROJECT + "test_commands.py::test_replayed_streams_give_the_per_chunk_figure",
     "python benchmarks/instructions.py --peers":

@@ -15,7 +15,8 @@ from opentelemetry.propagators.textmap import TextMapPropagator
 from opentelemetry.trace import SpanContext, TraceFlags, TraceState
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from otel_llm.telemetry.propagation import RECORDED_ENTRY, inject_context, recorded_by_caller
+from otel_llm.telemetry.propagation import (PENDING_ENTRY, RECORDED_ENTRY, inject_context, pending_at_caller,
+                                            recorded_by_caller)
 from otel_llm.telemetry.spans import CallSpan
 
 
@@ -161,3 +162,22 @@ def test_baggage_on_several_lines_is_merged_into_one() -> None:
 ])
 def test_a_gateway_reads_whether_the_caller_recorded_the_call(sent: str | None, recorded: bool) -> None:
     assert recorded_by_caller({} if sent is None else {"baggage": sent}) is recorded
+
+
+@pytest.mark.parametrize("sent, pending", [
+    (None, False), (RECORDED_ENTRY, False), (PENDING_ENTRY, True), (f"tenant=acme, {RECORDED_ENTRY} ; pending", True),
+    (f"{RECORDED_ENTRY};prop", False), ("otel_llm.recorded=0;pending", False), ("pending=1", False),
+    ("tenant=acme;pending", False),
+])
+def test_a_gateway_reads_whether_the_caller_s_decision_is_pending(sent: str | None, pending: bool) -> None:
+    assert pending_at_caller({} if sent is None else {"baggage": sent}) is pending
+
+
+def test_a_pending_decision_is_marked_beside_the_application_s_baggage() -> None:
+    headers = {"baggage": "tenant=acme"}
+    inject_context(headers, _span(), pending=True)
+    assert headers["baggage"] == f"tenant=acme,{PENDING_ENTRY}"
+    assert recorded_by_caller(headers) and pending_at_caller(headers)
+    decided: dict[str, str] = {}
+    inject_context(decided, _span())
+    assert decided["baggage"] == RECORDED_ENTRY and not pending_at_caller(decided)

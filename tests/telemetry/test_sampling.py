@@ -19,7 +19,7 @@ import otel_llm
 from otel_llm import semconv as sc
 from otel_llm.config import KEEP_REASONS, resolve
 from otel_llm.telemetry import sampling
-from otel_llm.telemetry.sampling import MAX_SERIES, Sampler, Typical
+from otel_llm.telemetry.sampling import MAX_SERIES, Decision, Sampler, Typical
 from otel_llm_testing.otel import Otel, make_otel
 from otel_llm_testing.simulator import configure_sim
 
@@ -287,13 +287,39 @@ def test_a_waiting_parent_is_kept_with_its_kept_child_and_its_children_decide_al
     sampler.open_parent(server)
     # a child under the waiting parent is not kept for the parent's sampled flag...
     assert not sampler.decide(_context(9), server, _attrs(), None, 0.5).keep
-    assert not sampler.close_parent(server, _attrs(), None, 0.5, None).keep
+    assert not sampler.close_parent(server, None, None).keep
     # ...but when a rule keeps it, the parent is kept with it, for the same reasons
     sampler.open_parent(server)
     child = sampler.decide(_context(9), server, _attrs(), "HTTP 500", 0.5)
     assert child.reasons == ("failed",)
-    assert sampler.close_parent(server, _attrs(), None, 0.5, None) == child
+    assert sampler.close_parent(server, None, None) == child
     assert sampler._waiting == {}
     sampler.open_parent(server)
     sampler.forget_parent(server)
     assert sampler._waiting == {}
+
+
+def test_a_parent_left_alone_is_kept_for_its_own_error_never_for_its_duration() -> None:
+    sampler = Sampler(0.0, KEEP_REASONS)
+    server = _context(9)
+    for _ in range(30):  # a history of fast requests would make a slow one "slow" if it were judged
+        sampler.open_parent(server)
+        sampler.close_parent(server, None, None)
+    sampler.open_parent(server)
+    assert sampler.close_parent(server, "HTTP 503", None) == Decision(True, ("failed",), 0)
+    sampler.open_parent(server)
+    assert not sampler.close_parent(server, None, None).keep
+    assert not Sampler(0.0, ("slow",)).close_parent(server, "HTTP 503", None).keep  # failed left out
+    # under the application's sampled span it is kept as a call would be
+    sampler.open_parent(server)
+    assert sampler.close_parent(server, None, _context(1)).reasons == ("parent",)
+
+
+def test_a_call_s_decision_is_pending_unless_the_application_kept_its_parent() -> None:
+    sampler = Sampler(0.5, KEEP_REASONS)
+    assert sampler.pending(None)
+    assert sampler.pending(_context(1, flags=0))
+    assert not sampler.pending(_context(1))
+    waiting = _context(2)
+    sampler.open_parent(waiting)
+    assert sampler.pending(waiting)  # the gateway's own span: its sampled flag is pending too

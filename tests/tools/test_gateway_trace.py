@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -227,3 +228,64 @@ def test_with_sample_rate_the_gateway_keeps_its_span_tree_with_the_call_it_relay
         attributes = attributes_of(span.attributes)
         assert list(attributes[sc.LLM_SAMPLING_REASON]) == ["failed"]
         assert attributes[sc.LLM_SAMPLING_ADJUSTED_COUNT] == 1.0
+
+
+def test_with_sample_rate_an_application_s_sampled_trace_is_kept_whole_through_the_gateway(
+        upstream: SimProcess, collector: OtlpHttpCollector, tmp_path: Any) -> None:
+    """Client and gateway at rate 0: a call under the application's sampled span is kept by the
+    client (``parent``), which says its decision is made, so the gateway keeps its tree under it;
+    an unparented ordinary call goes out marked pending and neither side keeps it."""
+    import otel_llm
+    from otel_llm_testing.otel import make_otel
+
+    gateway = _gateway(upstream, collector, tmp_path)
+    gateway.extra_env = {**gateway.extra_env, "OTEL_LLM_SAMPLE_RATE": "0"}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    state = make_otel()
+    with gateway:
+        otel_llm.instrument(tracer_provider=state.tracer_provider, meter_provider=state.meter_provider,
+                            host_metrics=False, gpu_metrics=False, runtime_metrics=False, console_summary=False,
+                            sample_rate=0)
+        try:
+            with httpx.Client(base_url=gateway.url, headers=gateway.headers("app"), timeout=30) as client:
+                assert client.post("/api/chat", json=body).status_code == 200  # ordinary, unparented
+                with state.tracer_provider.get_tracer("app").start_as_current_span("handle request") as app:
+                    assert client.post("/api/chat", json=body).status_code == 200
+        finally:
+            otel_llm.uninstrument()
+    app_trace = app.get_span_context().trace_id
+    (call,) = state.calls()
+    assert call.context.trace_id == app_trace and call.attributes[sc.LLM_SAMPLING_REASON] == ("parent",)
+    exported = [span for _, span in collector.received.spans()]
+    assert {int.from_bytes(s.trace_id, "big") for s in exported} == {app_trace}, [s.name for s in exported]
+    (server,) = [s for s in exported if s.kind == KIND_SERVER]
+    (relayed,) = [s for s in exported if s.kind == KIND_CLIENT]
+    assert int.from_bytes(server.parent_span_id, "big") == call.context.span_id
+    assert relayed.parent_span_id == server.span_id
+    for span in (server, relayed):
+        assert list(attributes_of(span.attributes)[sc.LLM_SAMPLING_REASON]) == ["parent"]
+
+
+def test_with_sample_rate_a_request_slow_only_outside_its_model_call_keeps_no_tree(
+        upstream: SimProcess, collector: OtlpHttpCollector, tmp_path: Any) -> None:
+    """OTEL_LLM_SAMPLE_RATE=0: a slow upload makes the request slow, not the model call it relays
+    (which starts once the body is in). The call is dropped, and so is the SERVER span: kept alone it
+    would be a tree without its model call, under a client call that was dropped too."""
+    gateway = _gateway(upstream, collector, tmp_path)
+    gateway.extra_env = {**gateway.extra_env, "OTEL_LLM_SAMPLE_RATE": "0"}
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}).encode()
+
+    def trickled() -> Iterator[bytes]:
+        yield body[:10]
+        time.sleep(1.0)  # against about 0.2 s for the whole ordinary request
+        yield body[10:]
+
+    with gateway:
+        with httpx.Client(base_url=gateway.url, headers=gateway.headers("app"), timeout=30) as client:
+            for _ in range(25):  # the 20 requests a series needs before it judges anything slow, and more
+                assert client.post("/api/chat", content=body).status_code == 200
+            slow = client.post("/api/chat", content=trickled(), headers={"content-type": "application/json"})
+            assert slow.status_code == 200 and slow.elapsed.total_seconds() >= 1.0
+    assert len(gateway.access_records()) == 26 and gateway.access_records()[-1]["total_ms"] >= 1000
+    exported = [span for _, span in collector.received.spans()]
+    assert exported == [], [(s.name, attributes_of(s.attributes).get(sc.LLM_SAMPLING_REASON)) for s in exported]

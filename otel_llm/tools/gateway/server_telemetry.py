@@ -26,7 +26,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanKind, Status, StatusCode, 
 
 from otel_llm import semconv as sc
 from otel_llm.capture.call import clock_anchor
-from otel_llm.telemetry.propagation import recorded_by_caller
+from otel_llm.telemetry.propagation import pending_at_caller
 from otel_llm.telemetry.sampling import Sampler, mark_kept
 from otel_llm.telemetry.spans import CallSpan, SdkSpanSink, make_sink
 from otel_llm.parse.routes import match_route
@@ -224,9 +224,12 @@ class GatewayTelemetry:
         if self._sdk is not None:
             pending = _PendingSpan(self._sdk.start(name, attrs, exchange.epoch0, SpanKind.SERVER, parent))
             if self._sampler is not None:
-                self._sampler.open_parent(pending.span.context)
                 # an otel_llm caller sends the sampled flag while its own decision is pending
-                pending.caller_decides = recorded_by_caller(headers)
+                pending.caller_decides = pending_at_caller(headers)
+                above = pending.span.parent
+                if pending.caller_decides or above is None or not above.trace_flags.sampled:
+                    self._sampler.open_parent(pending.span.context)
+                # else a trace kept above (the application's): the tree and its call are kept under it
             return pending
         return self.tracer.start_span(name, context=parent, kind=SpanKind.SERVER, attributes=attrs,
                                       start_time=exchange.epoch0)
@@ -267,9 +270,8 @@ class GatewayTelemetry:
         status = (Status(StatusCode.ERROR, exchange.error or exchange.outcome) if exchange.status >= 500
                   else _UNSET)
         if self._sampler is not None:
-            decision = self._sampler.close_parent(
-                context, attrs, status.description if exchange.status >= 500 else None,
-                ((exchange.end or exchange.t0) - exchange.t0) / 1e9, None if pending.caller_decides else span.parent)
+            decision = self._sampler.close_parent(context, status.description if exchange.status >= 500 else None,
+                                                  None if pending.caller_decides else span.parent)
             if not decision.keep:
                 return
             context = mark_kept(decision, attrs, context)
