@@ -44,6 +44,7 @@ def instrument(
     slow_ttft: float | None = None,
     slow_duration: float | None = None,
     record_suppressed: bool | None = None,
+    chunk_metric: bool | None = None,
 ) -> None:
     """Start tracing model calls. Idempotent: a second call while instrumented does nothing.
 

@@ -49,6 +49,7 @@ ENV_VARS: dict[str, str] = {
     "slow_ttft": "OTEL_LLM_SLOW_TTFT",
     "slow_duration": "OTEL_LLM_SLOW_DURATION",
     "record_suppressed": "OTEL_LLM_RECORD_SUPPRESSED",
+    "chunk_metric": "OTEL_LLM_CHUNK_METRIC",
 }
 # the calls kept whatever the sample rate (otel_llm.telemetry.sampling); all by default
 KEEP_REASONS = ("failed", "slow", "cold", "buffered", "queued", "restart", "retry")
@@ -86,6 +87,7 @@ class Options:
     slow_ttft: float | None = None  # seconds: a fixed "slow" threshold beside the typical value's
     slow_duration: float | None = None
     record_suppressed: bool = False  # model calls inside suppress_instrumentation() recorded anyway
+    chunk_metric: bool = True  # time_per_output_chunk: one record per output chunk after the first
 
 
 def _warn(name: str, value: Any, why: str) -> None:
@@ -203,7 +205,7 @@ def resolve(kwargs: Mapping[str, Any], environ: Mapping[str, str] | None = None)
 def _apply(options: Options, raw: Mapping[str, Any]) -> None:
     for name, value in raw.items():
         if name in ("capture_content", "console_summary", "host_metrics", "gpu_metrics", "runtime_metrics",
-                    "record_suppressed"):
+                    "record_suppressed", "chunk_metric"):
             setattr(options, name, _parse_bool(name, value, getattr(options, name)))
         elif name in ("traces_file_max_bytes", "traces_file_backups"):
             setattr(options, name, _parse_count(name, value, getattr(options, name)))

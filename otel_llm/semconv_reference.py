@@ -17,10 +17,14 @@ from types import ModuleType
 from otel_llm import semconv
 
 __all__ = ["ATTRIBUTE_TYPES", "ENTRIES", "INSTRUMENTS", "KINDS", "NOT_NAMES", "SEMCONV_VERSION", "SPAN_KINDS",
-           "STATUSES", "Name", "check", "entries", "public_constants"]
+           "STATUSES", "GENAI_COMMIT", "GENAI_REPOSITORY", "Name", "check", "entries", "public_constants"]
 
 # The semantic-conventions release the statuses below were checked against (its model/ YAML).
 SEMCONV_VERSION = "1.41.0"
+# The GenAI names' own repository (open-telemetry/semantic-conventions-genai) and the commit whose
+# model/ and docs/gen-ai/ the gen_ai.* names and definitions here follow.
+GENAI_REPOSITORY = "open-telemetry/semantic-conventions-genai"
+GENAI_COMMIT = "024a4f944a1291fcb627c9c47da69e79868dd15e"
 
 KINDS = {
     "span": "Span names",
@@ -445,8 +449,10 @@ ENTRIES: tuple[Name, ...] = (
             "usage: input and output tokens (`gen_ai.token.type`)."),
     _metric("METRIC_TIME_TO_FIRST_CHUNK", "histogram", "s", "development", "Streamed calls: "
             "`llm.client.time_to_first_token`, with exemplars."),
-    _metric("METRIC_TIME_PER_OUTPUT_CHUNK", "histogram", "s", "development", "Streamed calls with two chunks or "
-            "more: the mean time between output chunks after the first."),
+    _metric("METRIC_TIME_PER_OUTPUT_CHUNK", "histogram", "s", "development", "Streamed calls: one value for each "
+            "output chunk after the first (an event carrying generated text, reasoning or tool-call arguments), "
+            "from the previous output chunk's arrival to its own; chunks read together are 0 apart; at most "
+            "16,384 values per call."),
     # semantic-conventions-genai's names, with OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental[/dup]
     _metric("METRIC_INFERENCE_DURATION", "histogram", "s", "development", f"{_OPT_IN}: the value of "
             "`gen_ai.client.operation.duration`, renamed (semantic-conventions-genai `client-inference.md`)."),

@@ -41,7 +41,8 @@ no model); the gateway's span (kind SERVER) is named `{{http.request.method}} {{
 model route, else the method alone.
 
 **Status** is the name's status in the OpenTelemetry semantic conventions
-(v{version}):
+(v{version}); the `gen_ai.*` names and their definitions follow
+[{genai_repository}](https://github.com/{genai_repository}) at commit `{genai_commit}`:
 
 {statuses}
 """
@@ -84,7 +85,8 @@ def render(module: ModuleType | None = None, table: Any = None) -> str:
 
     found = ref.entries(module or semconv, ref.ENTRIES if table is None else table)
     statuses = "\n".join(f"- `{status}`: {meaning}" for status, meaning in ref.STATUSES.items())
-    out = [_INTRO.format(version=ref.SEMCONV_VERSION, statuses=statuses)]
+    out = [_INTRO.format(version=ref.SEMCONV_VERSION, statuses=statuses, genai_repository=ref.GENAI_REPOSITORY,
+                         genai_commit=ref.GENAI_COMMIT)]
     for kind, title in ref.KINDS.items():
         rows = [(value, entry) for value, entry in found if entry.kind == kind and entry.emitted]
         if rows:

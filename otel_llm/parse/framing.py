@@ -3,20 +3,25 @@
 The capture layer only appends ``(timestamp, chunk)`` pairs on the hot path. Every ~64 KiB (and
 at the end) the pairs are folded here: the batch is joined once and scanned by the format's token
 regex in C, which yields the first and last generated-token arrival times and the number of
-token events without parsing JSON. Only the head (first events) and tail (last events) are kept,
-so memory stays bounded on an endless stream with no delimiters. :meth:`StreamScanner.stats`
-gives what was found as one frozen :class:`StreamStats` when the stream ends.
+token events without parsing JSON, and the time between consecutive output events (the metric
+``time_per_output_chunk`` records one value each). Only the head (first events), the tail (last
+events) and at most ``MAX_GAPS`` gaps are kept, so memory stays bounded on an endless stream.
+:meth:`StreamScanner.stats` gives what was found as one frozen :class:`StreamStats` when the stream ends.
 """
 
 from __future__ import annotations
 
+import re
+
+from array import array
 from bisect import bisect_right
+from collections.abc import Sequence
 from itertools import accumulate
 from typing import NamedTuple
 
 from otel_llm.parse.formats import StreamFormat
 
-__all__ = ["BODY_LIMIT", "GROUP_NS", "HEAD_BYTES", "StreamScanner", "StreamStats", "TAIL_BYTES"]
+__all__ = ["BODY_LIMIT", "GROUP_NS", "HEAD_BYTES", "MAX_GAPS", "StreamScanner", "StreamStats", "TAIL_BYTES"]
 
 HEAD_BYTES = 16 * 1024
 TAIL_BYTES = 32 * 1024
@@ -24,6 +29,7 @@ BODY_LIMIT = 8 * 1024 * 1024  # non-streamed bodies larger than this are not par
 _OVERLAP = 128  # longer than any token marker, so a marker split across batches is still seen
 _MAX_TAIL_EVENTS = 6
 GROUP_NS = 1_000_000  # chunks closer than this arrived together (one burst)
+MAX_GAPS = 16_384  # gaps between output events kept per stream (8 bytes each); later ones are not
 
 
 class StreamStats(NamedTuple):
@@ -38,6 +44,9 @@ class StreamStats(NamedTuple):
     max_gap_ns: int  # the longest silence from the first token on
     arrival_groups: int  # bursts of chunks (less than GROUP_NS apart) from the first token on
     events: tuple[bytes, ...]  # the first event, then the last few (metadata, usage, counters)
+    # nanoseconds from each output event's arrival to the next one's (token_events - 1 of them,
+    # up to MAX_GAPS); events that arrived in one network chunk are 0 apart
+    gaps: Sequence[int] = ()
 
 
 class StreamScanner:
@@ -45,7 +54,7 @@ class StreamScanner:
 
     __slots__ = (
         "fmt", "first_token_ns", "last_token_ns", "token_events", "chunks", "bytes",
-        "max_gap_ns", "arrival_groups", "_prev_ns", "_head", "_tail", "_overlap",
+        "max_gap_ns", "arrival_groups", "gaps", "_prev_ns", "_head", "_tail", "_overlap",
     )
 
     def __init__(self, fmt: StreamFormat) -> None:
@@ -57,6 +66,7 @@ class StreamScanner:
         self.bytes = 0
         self.max_gap_ns = 0
         self.arrival_groups = 0  # bursts of chunks from the first token on
+        self.gaps = array("q")
         self._prev_ns = 0
         self._head = b""
         self._tail = b""
@@ -91,6 +101,8 @@ class StreamScanner:
         ends = list(accumulate(map(len, chunks)))
         first_index = bisect_right(ends, first.end() - 1 - skip)
         last_index = bisect_right(ends, last.end() - 1 - skip)
+        if count > 1 or self.first_token_ns:
+            self._note_event_gaps(times, ends, matches, seen, skip)
         if not self.first_token_ns:
             self.first_token_ns = times[first_index]
             self._note_gaps(times, first_index)
@@ -98,6 +110,25 @@ class StreamScanner:
             self._note_gaps(times, 0)
         self.last_token_ns = times[last_index]
         self.token_events += count
+
+    def _note_event_gaps(self, times: list[int], ends: list[int], matches: list[re.Match[bytes]], seen: int,
+                         skip: int) -> None:
+        """The gap before each output event of this batch, from the previous output event."""
+        gaps = self.gaps
+        room = MAX_GAPS - len(gaps)
+        if room <= 0:
+            return
+        prev = self.last_token_ns  # 0 before the stream's first output event: it has no gap
+        index = 0
+        last = len(ends) - 1
+        for match in matches[seen:seen + room + (0 if prev else 1)]:
+            end = match.end() - 1 - skip
+            while index < last and ends[index] <= end:  # the events come in order: walk, no search
+                index += 1
+            t = times[index]
+            if prev:
+                gaps.append(t - prev)
+            prev = t
 
     def _note_gaps(self, times: list[int], start: int) -> None:
         """Track the longest silence and the arrival bursts, from the first generated token on."""
@@ -124,7 +155,7 @@ class StreamScanner:
         first = self.first_event()
         events = ((first,) if first else ()) + tuple(self.last_events())
         return StreamStats(self.fmt, self.chunks, self.bytes, self.token_events, self.first_token_ns,
-                           self.last_token_ns, self.max_gap_ns, self.arrival_groups, events)
+                           self.last_token_ns, self.max_gap_ns, self.arrival_groups, events, self.gaps)
 
     def first_event(self) -> bytes | None:
         """The first complete event of the stream (id, model and role live there)."""

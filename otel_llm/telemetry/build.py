@@ -12,6 +12,7 @@ results directly.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 from otel_llm import semconv as sc
@@ -65,7 +66,7 @@ class CallResult:
     children: list[Phase]  # the call span's children: the phases, then the runtime's spans
     child_attributes: list[PhaseAttributes]  # one per child
     duration: float  # seconds
-    per_chunk: float | None  # a stream's mean time between output chunks, seconds
+    chunk_gaps: Sequence[int]  # a stream's nanoseconds between consecutive output chunks (StreamStats.gaps)
     counters: RuntimeCounters | None  # the runtime's own account of the call
 
 
@@ -78,7 +79,7 @@ def build_call(record: CallRecord, start: CallStart, answer: Answer, end: CallEn
     phases = compute_phases(record.timeline, stream is not None, first_token)
     response = answer.response
     _end_attributes(record, answer, attrs, capture_content)
-    duration, per_chunk = client_timings(record, response, attrs)
+    duration = client_timings(record, response, attrs)
     error_type = _error_type(record)
     if error_type:
         attrs[sc.ERROR_TYPE] = error_type
@@ -91,7 +92,7 @@ def build_call(record: CallRecord, start: CallStart, answer: Answer, end: CallEn
     if synthesized:
         child_attributes += [_SYNTHESIZED] * len(synthesized)
     return CallResult(attrs, start.span.events, error, phases, phases + synthesized, child_attributes,
-                      duration, per_chunk, answer.counters)
+                      duration, stream.gaps if stream is not None else (), answer.counters)
 
 
 def _model(model: Any, attrs: Attributes) -> None:
@@ -188,9 +189,8 @@ def _tls_attributes(tls: TlsInfo) -> Attributes:
     return attrs
 
 
-def client_timings(call: CallRecord, response: ResponseInfo | None, attrs: Attributes) -> tuple[float, float | None]:
-    """Add the llm.client.* attributes (seconds) to ``attrs``; returns what only the metrics
-    need: the call's duration and, for a stream, the mean time between its output chunks."""
+def client_timings(call: CallRecord, response: ResponseInfo | None, attrs: Attributes) -> float:
+    """Add the llm.client.* attributes (seconds) to ``attrs``; returns the call's duration."""
     timeline = call.timeline
     start = timeline.start
     duration = (timeline.end - start) * _NS
@@ -198,11 +198,11 @@ def client_timings(call: CallRecord, response: ResponseInfo | None, attrs: Attri
         attrs[sc.LLM_CLIENT_TIME_TO_FIRST_BYTE] = (timeline.headers - start) * _NS
     stream = call.stream
     if stream is None:
-        return duration, None
+        return duration
     attrs[sc.LLM_CLIENT_CHUNKS] = stream.token_events
     attrs[sc.LLM_CLIENT_RESPONSE_BYTES] = stream.size
     if not stream.first_token_ns:
-        return duration, None
+        return duration
     ttft = (stream.first_token_ns - start) * _NS
     attrs[sc.LLM_CLIENT_TIME_TO_FIRST_TOKEN] = ttft
     attrs[sc.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = ttft
@@ -213,9 +213,7 @@ def client_timings(call: CallRecord, response: ResponseInfo | None, attrs: Attri
     counted = tokens if tokens is not None else stream.token_events
     if generation > 0 and counted > 1:
         attrs[sc.LLM_CLIENT_GENERATION_RATE] = (counted - 1) / generation
-    if stream.token_events > 1 and generation > 0:
-        return duration, generation / (stream.token_events - 1)
-    return duration, None
+    return duration
 
 
 def _error_type(call: CallRecord) -> str | None:

@@ -51,6 +51,7 @@ class CallSettings:
     genai_semconv: str = GENAI_DEFAULT  # OTEL_SEMCONV_STABILITY_OPT_IN's choice (otel_llm.config.genai_semconv)
     sampler: Sampler | None = None  # sample_rate set: which calls' spans are kept, decided after each
     record_suppressed: bool = False  # calls inside suppress_instrumentation() recorded anyway
+    chunk_metric: bool = True  # time_per_output_chunk per output chunk (a histogram record each)
 
 
 class Telemetry:
@@ -110,7 +111,7 @@ class Telemetry:
         span = self._spans.start(attr_build.span_name(call.route.operation, info.model), attrs, call.epoch0)
         if self.evidence is not None:
             _note_start(self.evidence, request, endpoint, span)
-        inject_context(request.headers, span)
+        inject_context(request.headers, span, self._sampler is not None and self._sampler.pending(span.parent))
         return CallStart(info, endpoint, admission, span)
 
     def call_finished(self, record: CallRecord, state: object) -> None:
@@ -156,7 +157,8 @@ class Telemetry:
         span = start.span
         self._spans.finish(record.timeline, span, result)
         try:
-            self.metrics.record(result.attributes, result.duration, result.per_chunk, result.phases,
+            self.metrics.record(result.attributes, result.duration,
+                                result.chunk_gaps if self.settings.chunk_metric else (), result.phases,
                                 span.context if span.recording else None, result.counters)
         except Exception:
             log_once("recording model-call metrics failed")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Callable
 
 from opentelemetry import trace
@@ -51,7 +52,7 @@ _TALLY_LIMIT = 2000
 _OVERFLOW = ((sc.OTEL_METRIC_OVERFLOW, True),)
 _DURATION_HELP = "GenAI operation duration."
 _FIRST_CHUNK_HELP = "Time to receive the first chunk carrying generated output."
-_PER_CHUNK_HELP = "Mean time between output chunks after the first, per call."
+_PER_CHUNK_HELP = "Time per output chunk, recorded for each output chunk after the first."
 
 
 class _Tally:
@@ -203,10 +204,11 @@ class CallMetrics:
                 {k: v for k, v in zip(_METRIC_KEYS, values) if v is not None})
         return sets
 
-    def record(self, span_attrs: Attributes, duration: float, per_chunk: float | None, phases: list[Phase],
+    def record(self, span_attrs: Attributes, duration: float, chunk_gaps: Sequence[int], phases: list[Phase],
                span_context: SpanContext | None = None, counters: RuntimeCounters | None = None) -> None:
-        """Record one finished call of ``duration`` seconds (``per_chunk``: a stream's mean time
-        between output chunks): the llm.client.* values and the diagnosis come from
+        """Record one finished call of ``duration`` seconds (``chunk_gaps``: a stream's nanoseconds
+        between consecutive output chunks, one ``time_per_output_chunk`` value each, as the
+        convention defines it): the llm.client.* values and the diagnosis come from
         ``span_attrs``, ``counters`` are the runtime's own (when it reported any).
 
         The call's duration and time to first token are recorded in the call span's context so
@@ -228,8 +230,10 @@ class CallMetrics:
         ttft = span_attrs.get(sc.LLM_CLIENT_TIME_TO_FIRST_TOKEN)
         if ttft is not None:
             self.first_chunk.record(ttft, attrs, linked)
-        if per_chunk is not None:
-            self.per_chunk.record(per_chunk, attrs, context)
+        if chunk_gaps:
+            record = self.per_chunk.record
+            for gap in chunk_gaps:
+                record(gap * 1e-9, attrs, context)
         by_phase = sets.by_phase
         for name, start_ns, end_ns, _ in phases:
             phase_attrs = by_phase.get(name)
@@ -291,9 +295,9 @@ class InferenceCallMetrics(CallMetrics):
             self.duration, self.first_chunk, self.per_chunk = duration, first_chunk, per_chunk
             self.tokens = _NO_RECORD
 
-    def record(self, span_attrs: Attributes, duration: float, per_chunk: float | None, phases: list[Phase],
+    def record(self, span_attrs: Attributes, duration: float, chunk_gaps: Sequence[int], phases: list[Phase],
                span_context: SpanContext | None = None, counters: RuntimeCounters | None = None) -> None:
-        super().record(span_attrs, duration, per_chunk, phases, span_context, counters)
+        super().record(span_attrs, duration, chunk_gaps, phases, span_context, counters)
         sets = self._sets(span_attrs)
         succeeded = sc.ERROR_TYPE not in sets.call
         for key, counter, histogram in self._usage:

@@ -132,6 +132,44 @@ def test_requests_pool_wait(sim, otel: Otel) -> None:
     _one_pool_wait(otel)
 
 
+def test_time_per_output_chunk_has_one_value_per_output_chunk_after_the_first(otel: Otel, sim: Any) -> None:
+    """The convention's definition, through three real clients: a stream of N output events gives
+    N - 1 values, from each event's arrival to the next one's (no role-only or usage event)."""
+    configure_sim(sim, tokens=6, first_token_delay=0.0, token_interval=0.002)
+    url = f"{sim.base_url}/v1/chat/completions"
+    body = {**STREAM, "stream_options": {"include_usage": True}}
+    httpx.post(url, json=body, timeout=10).read()
+    requests.post(url, json=body, timeout=10).close()
+
+    async def run() -> None:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(url, json=body) as response:
+                await response.read()
+
+    _aio(run())
+    calls = otel.calls()
+    assert [c.attributes[sc.LLM_CLIENT_CHUNKS] for c in calls] == [6, 6, 6]
+    (per_chunk,) = otel.metrics()[sc.METRIC_TIME_PER_OUTPUT_CHUNK]
+    assert per_chunk.count == 3 * 5
+    generation = sum(c.attributes[sc.LLM_CLIENT_GENERATION_DURATION] for c in calls)
+    assert per_chunk.sum == pytest.approx(generation, rel=1e-6)  # the gaps add up to each decode
+
+
+def test_chunk_metric_off_records_no_per_chunk_value(sim: Any) -> None:
+    configure_sim(sim, tokens=6, first_token_delay=0.0, token_interval=0.002)
+    state = make_otel()
+    otel_llm.instrument(tracer_provider=state.tracer_provider, meter_provider=state.meter_provider,
+                        host_metrics=False, gpu_metrics=False, runtime_metrics=False, chunk_metric=False)
+    try:
+        httpx.post(f"{sim.base_url}/v1/chat/completions", json=STREAM, timeout=10).read()
+    finally:
+        otel_llm.uninstrument()
+    metrics = state.metrics()
+    assert sc.METRIC_TIME_PER_OUTPUT_CHUNK not in metrics or not metrics[sc.METRIC_TIME_PER_OUTPUT_CHUNK]
+    assert [p.count for p in metrics[sc.METRIC_TIME_TO_FIRST_CHUNK]] == [1]
+    assert state.calls()[0].attributes[sc.LLM_CLIENT_CHUNKS] == 6
+
+
 # -- trace context, and the application's own objects ------------------------------------------
 @pytest.fixture
 def model_server() -> Iterator[ModelServer]:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from otel_llm.parse import routes
 from otel_llm.parse.formats import stream_format
-from otel_llm.parse.framing import TAIL_BYTES, StreamScanner
+from otel_llm.parse.framing import MAX_GAPS, TAIL_BYTES, StreamScanner
 
 
 def _sse(obj: object, space: bool = True) -> bytes:
@@ -48,16 +48,40 @@ def test_batches_give_the_same_answer_as_one_pass() -> None:
     whole = _scan(frames)
     for batch in (1, 2, 3, 7):
         part = _scan(frames, batch=batch)
-        assert (part.token_events, part.first_token_ns, part.last_token_ns) == (
-            whole.token_events, whole.first_token_ns, whole.last_token_ns)
+        assert (part.token_events, part.first_token_ns, part.last_token_ns, list(part.gaps)) == (
+            whole.token_events, whole.first_token_ns, whole.last_token_ns, list(whole.gaps))
+    assert list(whole.gaps) == [1000] * 39  # one per output event after the first
+
+
+def test_gaps_run_from_output_event_to_output_event() -> None:
+    """Role, keep-alive, finish and usage frames carry no output: no gap of their own; output events
+    that arrived in one network chunk are 0 apart (time_per_output_chunk's values)."""
+    frames = _openai_stream(5)  # role, keep-alive, tok0..tok4, finish, usage, [DONE]
+    network = [frames[0], frames[1] + frames[2], frames[3] + frames[4] + frames[5], frames[6],
+               b"".join(frames[7:])]
+    scanner = StreamScanner(stream_format(routes.API_OPENAI_CHAT, "text/event-stream"))
+    scanner.fold([10, 20, 45], network[:3])
+    scanner.fold([70, 80], network[3:])
+    stats = scanner.stats()
+    assert stats.token_events == 5 and (stats.first_token_ns, stats.last_token_ns) == (20, 70)
+    assert list(stats.gaps) == [25, 0, 0, 25]
+    assert sum(stats.gaps) == stats.last_token_ns - stats.first_token_ns
+
+
+def test_gaps_kept_are_bounded() -> None:
+    frames = _openai_stream(MAX_GAPS + 50)
+    scanner = _scan(frames, batch=4000)
+    assert scanner.token_events == MAX_GAPS + 50
+    assert len(scanner.gaps) == MAX_GAPS and set(scanner.gaps) == {1000}
 
 
 def test_a_marker_split_across_chunks_counts_once_at_its_completing_chunk() -> None:
     frame = _sse({"choices": [{"delta": {"content": "hello"}}]})
     cut = frame.index(b'"hello"') - 3
-    scanner = _scan([frame[:cut], frame[cut:]], batch=1)
-    assert scanner.token_events == 1
+    scanner = _scan([frame[:cut], frame[cut:], frame], batch=1)
+    assert scanner.token_events == 2
     assert scanner.first_token_ns == 2000
+    assert list(scanner.gaps) == [1000]
 
 
 def test_max_gap_counts_from_the_first_token() -> None:
@@ -132,6 +156,7 @@ def test_random_bytes_and_splits_never_raise(data: bytes, cuts: list[int]) -> No
     scanner.first_event()
     scanner.last_events()
     assert scanner.bytes == len(data)
+    assert len(scanner.gaps) == max(0, scanner.token_events - 1) and min(scanner.gaps, default=0) >= 0
 
 
 def test_stream_text_joins_deltas_per_api() -> None:

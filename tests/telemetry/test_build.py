@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 import json
 
-import pytest
 from opentelemetry.trace import INVALID_SPAN_CONTEXT
 
 from otel_llm import semconv as sc
@@ -35,7 +34,7 @@ EVENTS = (b'data: {"id":"c1","model":"m-1","choices":[{"delta":{"content":"a"}}]
           b"data: [DONE]")
 STATS = StreamStats(stream_format(routes.API_OPENAI_CHAT, "text/event-stream"), chunks=9, size=900, token_events=9,
                     first_token_ns=T0 + 80 * MS, last_token_ns=T0 + 380 * MS, max_gap_ns=40 * MS,
-                    arrival_groups=9, events=EVENTS)
+                    arrival_groups=9, events=EVENTS, gaps=(40 * MS,) * 4 + (35 * MS,) * 4)
 
 
 def _request(route: routes.Route = CHAT, body: bytes = BODY, headers: dict[str, str] | None = None) -> CallRequest:
@@ -83,7 +82,7 @@ def test_a_streamed_call_becomes_attributes_phases_and_metric_inputs() -> None:
     assert attrs[sc.LLM_DIAGNOSIS_CONCURRENT_REQUESTS] == 2
     assert [p.name for p in result.phases] == [p.name for p in result.children]  # no runtime counters
     assert sc.SPAN_CONNECT in [p.name for p in result.phases] and len(result.child_attributes) == len(result.children)
-    assert result.duration == 0.4 and result.per_chunk == pytest.approx(0.3 / 8)
+    assert result.duration == 0.4 and result.chunk_gaps == STATS.gaps
     assert result.counters is None
     assert start.span.attributes == given  # nothing written back into what it was given
 

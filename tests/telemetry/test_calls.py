@@ -59,7 +59,9 @@ EVENTS = (
 )
 STATS = StreamStats(stream_format(routes.API_OPENAI_CHAT, "text/event-stream"), chunks=7, size=1234,
                     token_events=TOKEN_EVENTS, first_token_ns=FIRST_TOKEN, last_token_ns=LAST_TOKEN,
-                    max_gap_ns=MAX_GAP, arrival_groups=TOKEN_EVENTS, events=EVENTS)
+                    max_gap_ns=MAX_GAP, arrival_groups=TOKEN_EVENTS, events=EVENTS,
+                    gaps=(MAX_GAP,) + ((LAST_TOKEN - FIRST_TOKEN - MAX_GAP) // (TOKEN_EVENTS - 2),)
+                    * (TOKEN_EVENTS - 2))
 TLS = TlsInfo("TLSv1.3", "TLS_AES_256_GCM_SHA384", "http/1.1")
 
 
@@ -429,8 +431,9 @@ def test_metrics_of_a_streamed_call(sink: Sink) -> None:
                                          sc.SERVER_ADDRESS: HOST, sc.SERVER_PORT: PORT}
     (first,) = metrics[sc.METRIC_TIME_TO_FIRST_CHUNK]
     assert first.sum == pytest.approx((FIRST_TOKEN - T0) * NS)
-    (per_chunk,) = metrics[sc.METRIC_TIME_PER_OUTPUT_CHUNK]  # the mean gap between the 5 token events
-    assert per_chunk.sum == pytest.approx((LAST_TOKEN - FIRST_TOKEN) * NS / (TOKEN_EVENTS - 1))
+    (per_chunk,) = metrics[sc.METRIC_TIME_PER_OUTPUT_CHUNK]  # each gap between the token events
+    assert per_chunk.count == TOKEN_EVENTS - 1 and per_chunk.min == pytest.approx(MAX_GAP * NS)
+    assert per_chunk.sum == pytest.approx(sum(STATS.gaps) * NS)
     tokens = metrics[sc.METRIC_TOKEN_USAGE]
     assert _one(tokens, **{sc.GEN_AI_TOKEN_TYPE: "input"}).sum == INPUT_TOKENS
     assert _one(tokens, **{sc.GEN_AI_TOKEN_TYPE: "output"}).sum == OUTPUT_TOKENS

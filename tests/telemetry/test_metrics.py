@@ -91,7 +91,7 @@ def test_every_instrument_is_created_with_its_unit_and_buckets(meter: Reader) ->
     counters = RuntimeCounters(time_to_first_token=0.1, time_per_output_token=0.02, prompt_eval_rate=900.0,
                                generation_rate=50.0)
     metrics.record({**CALL, sc.LLM_CLIENT_TIME_TO_FIRST_TOKEN: 0.2, sc.LLM_DIAGNOSIS_UNACCOUNTED_WAIT: 0.01},
-                   1.5, 0.03, [Phase("llm.wait", 0, 10 * MS, True)], counters=counters)
+                   1.5, (30_000_000,), [Phase("llm.wait", 0, 10 * MS, True)], counters=counters)
     found = meter.metrics()
     assert set(found) == set(HISTOGRAMS) | {sc.METRIC_ACTIVE_REQUESTS, sc.METRIC_DIAGNOSIS_CALLS}
     for name, (unit, buckets) in HISTOGRAMS.items():
@@ -110,7 +110,7 @@ def test_nothing_is_recorded_before_a_call(meter: Reader) -> None:
 
 
 def test_duration_carries_only_the_low_cardinality_attributes(meter: Reader) -> None:
-    CallMetrics(meter.provider, InFlight()).record(CALL, 1.5, None, [])
+    CallMetrics(meter.provider, InFlight()).record(CALL, 1.5, (), [])
     (point,) = meter.points(sc.METRIC_OPERATION_DURATION)
     assert dict(point.attributes) == METRIC_ATTRS  # no URL, no response id
     assert (point.count, point.sum) == (1, 1.5)
@@ -118,7 +118,7 @@ def test_duration_carries_only_the_low_cardinality_attributes(meter: Reader) -> 
 
 def test_error_type_and_relayed_calls_are_metric_attributes(meter: Reader) -> None:
     attrs = {**CALL, sc.ERROR_TYPE: "timeout", sc.LLM_GATEWAY_RELAYED: True}
-    CallMetrics(meter.provider, InFlight()).record(attrs, 2.0, None, [Phase("llm.wait", 0, MS, False)])
+    CallMetrics(meter.provider, InFlight()).record(attrs, 2.0, (), [Phase("llm.wait", 0, MS, False)])
     (point,) = meter.points(sc.METRIC_OPERATION_DURATION)
     assert dict(point.attributes) == {**METRIC_ATTRS, sc.ERROR_TYPE: "timeout", sc.LLM_GATEWAY_RELAYED: True}
     (phase,) = meter.points(sc.METRIC_PHASE_DURATION)
@@ -127,8 +127,8 @@ def test_error_type_and_relayed_calls_are_metric_attributes(meter: Reader) -> No
 
 def test_tokens_are_recorded_by_type(meter: Reader) -> None:
     metrics = CallMetrics(meter.provider, InFlight())
-    metrics.record(CALL, 1.0, None, [])
-    metrics.record({**CALL, sc.GEN_AI_USAGE_INPUT_TOKENS: 8, sc.GEN_AI_USAGE_OUTPUT_TOKENS: 1}, 1.0, None, [])
+    metrics.record(CALL, 1.0, (), [])
+    metrics.record({**CALL, sc.GEN_AI_USAGE_INPUT_TOKENS: 8, sc.GEN_AI_USAGE_OUTPUT_TOKENS: 1}, 1.0, (), [])
     points = meter.by_attrs(sc.METRIC_TOKEN_USAGE)
     assert set(points) == {key({**METRIC_ATTRS, sc.GEN_AI_TOKEN_TYPE: "input"}),
                            key({**METRIC_ATTRS, sc.GEN_AI_TOKEN_TYPE: "output"})}
@@ -139,29 +139,31 @@ def test_tokens_are_recorded_by_type(meter: Reader) -> None:
 @pytest.mark.parametrize("value", [None, 3.0, True, "12"])
 def test_token_counts_that_are_not_ints_are_not_recorded(meter: Reader, value: Any) -> None:
     attrs = {**CALL, sc.GEN_AI_USAGE_INPUT_TOKENS: value, sc.GEN_AI_USAGE_OUTPUT_TOKENS: value}
-    CallMetrics(meter.provider, InFlight()).record(attrs, 1.0, None, [])
+    CallMetrics(meter.provider, InFlight()).record(attrs, 1.0, (), [])
     assert meter.points(sc.METRIC_TOKEN_USAGE) == []
     assert len(meter.points(sc.METRIC_OPERATION_DURATION)) == 1
 
 
 def test_first_chunk_and_per_chunk_only_when_known(meter: Reader) -> None:
     metrics = CallMetrics(meter.provider, InFlight())
-    metrics.record(CALL, 1.0, None, [])
+    metrics.record(CALL, 1.0, (), [])
     assert meter.points(sc.METRIC_TIME_TO_FIRST_CHUNK) == []
     assert meter.points(sc.METRIC_TIME_PER_OUTPUT_CHUNK) == []
-    metrics.record({**CALL, sc.LLM_CLIENT_TIME_TO_FIRST_TOKEN: 0.25}, 1.0, 0.04, [])
+    # one value per output chunk after the first (nanoseconds from the previous one), as the convention says
+    metrics.record({**CALL, sc.LLM_CLIENT_TIME_TO_FIRST_TOKEN: 0.25}, 1.0, (40_000_000, 0, 20_000_000), [])
     (first,) = meter.points(sc.METRIC_TIME_TO_FIRST_CHUNK)
     (per_chunk,) = meter.points(sc.METRIC_TIME_PER_OUTPUT_CHUNK)
     assert (first.count, first.sum, dict(first.attributes)) == (1, 0.25, METRIC_ATTRS)
-    assert (per_chunk.count, per_chunk.sum, dict(per_chunk.attributes)) == (1, 0.04, METRIC_ATTRS)
+    assert (per_chunk.count, dict(per_chunk.attributes)) == (3, METRIC_ATTRS)
+    assert (per_chunk.sum, per_chunk.min, per_chunk.max) == pytest.approx((0.06, 0.0, 0.04))
 
 
 def test_each_phase_is_a_record_in_seconds_by_phase_name(meter: Reader) -> None:
     metrics = CallMetrics(meter.provider, InFlight())
     phases = [Phase("llm.connect", 0, 2 * MS, True), Phase("llm.wait", 2 * MS, 52 * MS, True),
               Phase("llm.stream", 52 * MS, 152 * MS, False)]
-    metrics.record(CALL, 0.2, None, phases)
-    metrics.record(CALL, 0.2, None, phases[1:2])
+    metrics.record(CALL, 0.2, (), phases)
+    metrics.record(CALL, 0.2, (), phases[1:2])
     points = meter.by_attrs(sc.METRIC_PHASE_DURATION)
     assert set(points) == {key({**PHASE_ATTRS, sc.LLM_PHASE: name})
                            for name in ("llm.connect", "llm.wait", "llm.stream")}
@@ -173,11 +175,11 @@ def test_each_phase_is_a_record_in_seconds_by_phase_name(meter: Reader) -> None:
 
 def test_diagnosis_counts_calls_by_verdict(meter: Reader) -> None:
     metrics = CallMetrics(meter.provider, InFlight())
-    metrics.record(CALL, 1.0, None, [])
-    metrics.record(CALL, 1.0, None, [])
+    metrics.record(CALL, 1.0, (), [])
+    metrics.record(CALL, 1.0, (), [])
     cold = {**CALL, sc.LLM_DIAGNOSIS_BOTTLENECK: "model_load", sc.LLM_DIAGNOSIS_COLD_START: True}
-    metrics.record(cold, 1.0, None, [])
-    metrics.record({**CALL, sc.LLM_DIAGNOSIS_STREAM_BUFFERED: True}, 1.0, None, [])
+    metrics.record(cold, 1.0, (), [])
+    metrics.record({**CALL, sc.LLM_DIAGNOSIS_STREAM_BUFFERED: True}, 1.0, (), [])
     points = meter.by_attrs(sc.METRIC_DIAGNOSIS_CALLS)
     assert {attrs: point.value for attrs, point in points.items()} == {
         key({**PHASE_ATTRS, sc.LLM_DIAGNOSIS_BOTTLENECK: "none"}): 2,
@@ -188,7 +190,7 @@ def test_diagnosis_counts_calls_by_verdict(meter: Reader) -> None:
 
 
 def test_unaccounted_wait_is_recorded_with_the_phase_attributes(meter: Reader) -> None:
-    CallMetrics(meter.provider, InFlight()).record({**CALL, sc.LLM_DIAGNOSIS_UNACCOUNTED_WAIT: 0.3}, 1.0, None, [])
+    CallMetrics(meter.provider, InFlight()).record({**CALL, sc.LLM_DIAGNOSIS_UNACCOUNTED_WAIT: 0.3}, 1.0, (), [])
     (point,) = meter.points(sc.METRIC_DIAGNOSIS_UNACCOUNTED_WAIT)
     assert (point.count, point.sum, dict(point.attributes)) == (1, 0.3, PHASE_ATTRS)
 
@@ -196,7 +198,7 @@ def test_unaccounted_wait_is_recorded_with_the_phase_attributes(meter: Reader) -
 def test_runtime_latencies_and_rates(meter: Reader) -> None:
     counters = RuntimeCounters(time_to_first_token=0.12, time_per_output_token=0.02, prompt_eval_rate=800.0,
                                generation_rate=45.0)
-    CallMetrics(meter.provider, InFlight()).record(CALL, 1.0, None, [], counters=counters)
+    CallMetrics(meter.provider, InFlight()).record(CALL, 1.0, (), [], counters=counters)
     for name, value in ((sc.METRIC_SERVER_TIME_TO_FIRST_TOKEN, 0.12), (sc.METRIC_SERVER_TIME_PER_OUTPUT_TOKEN, 0.02),
                         (sc.METRIC_RUNTIME_PROMPT_EVAL_RATE, 800.0), (sc.METRIC_RUNTIME_GENERATION_RATE, 45.0)):
         (point,) = meter.points(name)
@@ -205,9 +207,9 @@ def test_runtime_latencies_and_rates(meter: Reader) -> None:
 
 def test_runtime_time_to_first_token_is_queue_load_and_prompt_eval_when_not_reported(meter: Reader) -> None:
     metrics = CallMetrics(meter.provider, InFlight())
-    metrics.record(CALL, 1.0, None, [], counters=RuntimeCounters(queue_duration=0.05, load_duration=1.5,
+    metrics.record(CALL, 1.0, (), [], counters=RuntimeCounters(queue_duration=0.05, load_duration=1.5,
                                                                  prompt_eval_duration=0.25))
-    metrics.record(CALL, 1.0, None, [], counters=RuntimeCounters(prompt_eval_duration=0.5))
+    metrics.record(CALL, 1.0, (), [], counters=RuntimeCounters(prompt_eval_duration=0.5))
     (point,) = meter.points(sc.METRIC_SERVER_TIME_TO_FIRST_TOKEN)
     assert point.count == 2 and point.sum == pytest.approx(1.8 + 0.5)
     assert meter.points(sc.METRIC_SERVER_TIME_PER_OUTPUT_TOKEN) == []
@@ -215,8 +217,8 @@ def test_runtime_time_to_first_token_is_queue_load_and_prompt_eval_when_not_repo
 
 def test_no_runtime_records_without_what_they_need(meter: Reader) -> None:
     metrics = CallMetrics(meter.provider, InFlight())
-    metrics.record(CALL, 1.0, None, [])
-    metrics.record(CALL, 1.0, None, [], counters=RuntimeCounters(runtime="vllm", queue_duration=0.2,
+    metrics.record(CALL, 1.0, (), [])
+    metrics.record(CALL, 1.0, (), [], counters=RuntimeCounters(runtime="vllm", queue_duration=0.2,
                                                                  generation_tokens=9))
     for name in (sc.METRIC_SERVER_TIME_TO_FIRST_TOKEN, sc.METRIC_SERVER_TIME_PER_OUTPUT_TOKEN,
                  sc.METRIC_RUNTIME_PROMPT_EVAL_RATE, sc.METRIC_RUNTIME_GENERATION_RATE):
@@ -252,11 +254,11 @@ def test_a_new_session_on_the_same_provider_reads_its_own_table_and_keeps_counti
     first = CallMetrics(meter.provider, old)
     first.relaying()
     old.admit(("old-host", 1), b"x", {}, "m", False)
-    first.record(CALL, 1.0, None, [])
+    first.record(CALL, 1.0, (), [])
     new = InFlight()
     second = CallMetrics(meter.provider, new)
     new.admit(("new-host", 2), b"x", {}, "m", False)
-    second.record(CALL, 1.0, None, [])
+    second.record(CALL, 1.0, (), [])
     active = meter.by_attrs(sc.METRIC_ACTIVE_REQUESTS)
     assert {attrs: point.value for attrs, point in active.items()} == {
         key({sc.SERVER_ADDRESS: "new-host", sc.SERVER_PORT: 2}): 1}  # not the old table, not relayed
@@ -268,7 +270,7 @@ def test_a_new_session_on_the_same_provider_reads_its_own_table_and_keeps_counti
 
 def test_separate_providers_keep_separate_counts() -> None:
     one, two = Reader(), Reader()
-    CallMetrics(one.provider, InFlight()).record(CALL, 1.0, None, [])
+    CallMetrics(one.provider, InFlight()).record(CALL, 1.0, (), [])
     CallMetrics(two.provider, InFlight())
     assert [p.value for p in one.points(sc.METRIC_DIAGNOSIS_CALLS)] == [1]
     assert two.points(sc.METRIC_DIAGNOSIS_CALLS) == []
@@ -279,8 +281,8 @@ def test_only_sampled_calls_link_duration_and_first_chunk_to_their_trace(meter: 
     unsampled = SpanContext(0x9999, 0x8888, is_remote=False, trace_flags=TraceFlags(TraceFlags.DEFAULT))
     metrics = CallMetrics(meter.provider, InFlight())
     attrs = {**CALL, sc.LLM_CLIENT_TIME_TO_FIRST_TOKEN: 0.2}
-    metrics.record(attrs, 1.0, 0.01, [Phase("llm.wait", 0, MS, True)], span_context=sampled)
-    metrics.record(attrs, 1.0, 0.01, [Phase("llm.wait", 0, MS, True)], span_context=unsampled)
+    metrics.record(attrs, 1.0, (10_000_000,), [Phase("llm.wait", 0, MS, True)], span_context=sampled)
+    metrics.record(attrs, 1.0, (10_000_000,), [Phase("llm.wait", 0, MS, True)], span_context=unsampled)
     found = meter.metrics()  # once: the SDK hands each exemplar to one collection
     for name in (sc.METRIC_OPERATION_DURATION, sc.METRIC_TIME_TO_FIRST_CHUNK):
         (point,) = found[name].data.data_points
@@ -293,8 +295,8 @@ def test_many_distinct_attribute_sets_are_all_recorded(meter: Reader) -> None:
     """Past the cache of attribute dictionaries (ever-changing models), records stay right."""
     metrics = CallMetrics(meter.provider, InFlight())
     for index in range(300):
-        metrics.record({**CALL, sc.GEN_AI_REQUEST_MODEL: f"m{index}"}, 1.0, None, [])
-    metrics.record(CALL, 3.0, None, [])
+        metrics.record({**CALL, sc.GEN_AI_REQUEST_MODEL: f"m{index}"}, 1.0, (), [])
+    metrics.record(CALL, 3.0, (), [])
     points = meter.by_attrs(sc.METRIC_OPERATION_DURATION)
     assert len(points) == 301
     assert points[key(METRIC_ATTRS)].sum == 3.0
@@ -400,8 +402,8 @@ def test_the_inference_usage_counters_and_histograms(meter: Reader) -> None:
 
     metrics = call_metrics(meter.provider, InFlight(), GENAI_LATEST)
     metrics.record({**CALL, sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: 8, sc.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS: 3},
-                   1.0, None, [])
-    metrics.record({**CALL, sc.ERROR_TYPE: "timeout"}, 2.0, None, [])
+                   1.0, (), [])
+    metrics.record({**CALL, sc.ERROR_TYPE: "timeout"}, 2.0, (), [])
     usage = {**METRIC_ATTRS, sc.GEN_AI_TOKEN_MODALITY: "unknown"}
     for name, total in ((sc.METRIC_INFERENCE_USAGE_INPUT_TOKENS, 24), (sc.METRIC_INFERENCE_USAGE_OUTPUT_TOKENS, 10),
                         (sc.METRIC_INFERENCE_USAGE_CACHE_READ_INPUT_TOKENS, 8),
