@@ -113,7 +113,8 @@ class StreamScanner:
 
     def _note_event_gaps(self, times: list[int], ends: list[int], matches: list[re.Match[bytes]], seen: int,
                          skip: int) -> None:
-        """The gap before each output event of this batch, from the previous output event."""
+        """The gap before each output event of this batch, from the previous output event (a walk
+        along the chunks: cheaper than a search per event, or than C-level maps, measured)."""
         gaps = self.gaps
         room = MAX_GAPS - len(gaps)
         if room <= 0:
@@ -123,7 +124,7 @@ class StreamScanner:
         last = len(ends) - 1
         for match in matches[seen:seen + room + (0 if prev else 1)]:
             end = match.end() - 1 - skip
-            while index < last and ends[index] <= end:  # the events come in order: walk, no search
+            while index < last and ends[index] <= end:  # the events come in order
                 index += 1
             t = times[index]
             if prev:
