@@ -127,8 +127,8 @@ class Telemetry:
     def _decide(sampler: Sampler, span: CallSpan, result: CallResult) -> None:
         """Keep the call's spans (with why, and how many calls they stand for) or drop them."""
         try:
-            events = result.events
-            restarted = bool(events) and any(name == sc.EVENT_RUNTIME_RESTARTED for name, _ in events or ())
+            events = result.events  # usually None: no generator made for it
+            restarted = any(name == sc.EVENT_RUNTIME_RESTARTED for name, _ in events) if events else False
             decision = sampler.decide(span.context, span.parent, result.attributes, result.error, result.duration,
                                       restarted)
         except Exception:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from importlib.metadata import version
 from typing import Any, Callable
 
-__all__ = ["CASES", "MESSAGES", "OLLAMA", "OPENAI", "TRANSPORT_PHASES", "Case", "Driver"]
+__all__ = ["CASES", "MESSAGES", "OLLAMA", "OPENAI", "TRANSPORT_PHASES", "Case", "Driver", "post_with_each_transport"]
 
 OPENAI, OLLAMA = "openai", "ollama"  # the API a case speaks: OpenAI chat or Ollama /api/chat
 
@@ -49,6 +49,24 @@ class Case:
 
 
 MESSAGES = [{"role": "user", "content": "Say hi."}]
+
+
+def post_with_each_transport(url: str, body: dict[str, Any]) -> None:
+    """One POST of ``body`` each through httpx, requests and aiohttp (capture's three adapters:
+    httpcore, urllib3, aiohttp), each response read to its end."""
+    import aiohttp
+    import httpx
+    import requests
+
+    httpx.post(url, json=body, timeout=10).read()
+    requests.post(url, json=body, timeout=10).close()
+
+    async def run() -> None:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(url, json=body) as response:
+                await response.read()
+
+    asyncio.run(run())
 
 
 def _sse_text(lines: Any) -> str:

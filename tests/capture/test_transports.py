@@ -20,7 +20,7 @@ import urllib3
 import otel_llm
 from otel_llm import semconv as sc
 from otel_llm.capture.shared import flush_collected
-from otel_llm_testing.clients import TRANSPORT_PHASES
+from otel_llm_testing.clients import TRANSPORT_PHASES, post_with_each_transport
 from otel_llm_testing.otel import Otel, make_otel
 from otel_llm_testing.simulator import configure_sim
 from otel_llm_testing.model_server import ModelServer
@@ -137,16 +137,7 @@ def test_time_per_output_chunk_has_one_value_per_output_chunk_after_the_first(ot
     N - 1 values, from each event's arrival to the next one's (no role-only or usage event)."""
     configure_sim(sim, tokens=6, first_token_delay=0.0, token_interval=0.002)
     url = f"{sim.base_url}/v1/chat/completions"
-    body = {**STREAM, "stream_options": {"include_usage": True}}
-    httpx.post(url, json=body, timeout=10).read()
-    requests.post(url, json=body, timeout=10).close()
-
-    async def run() -> None:
-        async with aiohttp.ClientSession() as session:
-            async with session.post(url, json=body) as response:
-                await response.read()
-
-    _aio(run())
+    post_with_each_transport(url, {**STREAM, "stream_options": {"include_usage": True}})
     calls = otel.calls()
     assert [c.attributes[sc.LLM_CLIENT_CHUNKS] for c in calls] == [6, 6, 6]
     (per_chunk,) = otel.metrics()[sc.METRIC_TIME_PER_OUTPUT_CHUNK]

@@ -8,15 +8,11 @@ suppressed (otel_llm's API sink).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Iterator
 from typing import Any
 
-import aiohttp
-import httpx
 import pytest
-import requests
 from opentelemetry import trace
 from opentelemetry.instrumentation.utils import (is_instrumentation_enabled, suppress_http_instrumentation,
                                                  suppress_instrumentation)
@@ -26,6 +22,7 @@ import otel_llm
 from otel_llm import semconv as sc
 from otel_llm._log import reset_log_once
 from otel_llm.telemetry import suppression
+from otel_llm_testing.clients import post_with_each_transport
 from otel_llm_testing.model_server import ModelServer
 from otel_llm_testing.otel import Otel, make_otel
 
@@ -79,16 +76,7 @@ def sink(request: pytest.FixtureRequest) -> Iterator[str]:
 
 
 def _three_clients(url: str) -> None:
-    """One call each with httpx, requests and aiohttp (three capture adapters)."""
-    httpx.post(url, json=BODY, timeout=10).read()
-    requests.post(url, json=BODY, timeout=10).close()
-
-    async def run() -> None:
-        async with aiohttp.ClientSession() as session:
-            async with session.post(url, json=BODY) as response:
-                await response.read()
-
-    asyncio.run(run())
+    post_with_each_transport(url, BODY)
 
 
 def _duration_points(otel: Otel) -> int:
