@@ -188,9 +188,10 @@ def seam_costs(valgrind: str, count: int, workdir: Path, sample_rate: float | No
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SOURCE), str(SOURCE / "testing")])}
     script = str(Path(__file__).resolve().parent / "_seam_cost.py")
 
-    def total(calls: int, chunks: int) -> int:
+    def total(calls: int, chunks: int, chunk_metric: bool = True) -> int:
         rate = [] if sample_rate is None else [str(sample_rate)]
-        return _counts(valgrind, [sys.executable, script, str(calls), str(chunks), *rate], env, workdir)[1]
+        child_env = env if chunk_metric else {**env, "OTEL_LLM_CHUNK_METRIC": "false"}
+        return _counts(valgrind, [sys.executable, script, str(calls), str(chunks), *rate], child_env, workdir)[1]
 
     few, many = SEAM_CHUNKS
     base = total(count, few)
@@ -199,6 +200,10 @@ def seam_costs(valgrind: str, count: int, workdir: Path, sample_rate: float | No
     rate = "" if sample_rate is None else f" (sample_rate {sample_rate:g})"
     print(f"through the seam{rate}: {figures['call'] / 1e3:8.1f} k instructions per call ({few} chunks), "
           f"{figures['chunk'] / 1e3:6.2f} k per chunk", flush=True)
+    if sample_rate is None:  # the stream path alone, without the per-chunk histogram records
+        figures["chunk_path"] = (total(count, many, False) - total(count, few, False)) / (count * (many - few))
+        print(f"  with chunk_metric off: {figures['chunk_path'] / 1e3:6.2f} k per chunk; the time_per_output_chunk "
+              f"records: {(figures['chunk'] - figures['chunk_path']) / 1e3:6.2f} k per chunk", flush=True)
     return figures
 
 
@@ -246,19 +251,25 @@ def chunk_replay(valgrind: str, streams: int, tokens: int, repeat: int, workdir:
     child = str(Path(__file__).resolve().parent / "_chunk_replay.py")
     chunks = streams * (lengths[tokens] - lengths[SHORT])
     slope: dict[str, float] = {}
-    for config in ("none", "otel_llm"):
+    # otel_llm as set up by default, and without the per-chunk histogram records (the stream path)
+    for name, config, extra in (("none", "none", {}), ("otel_llm", "otel_llm", {}),
+                                ("path", "otel_llm", {"OTEL_LLM_CHUNK_METRIC": "false"})):
         main_thread = {}
         for n in (SHORT, tokens):
             runs = [_counts(valgrind, [sys.executable, child, config, str(workdir / f"stream-{SHORT}.json"),
-                                       str(workdir / f"stream-{n}.json"), str(streams)], env, workdir)[0]
+                                       str(workdir / f"stream-{n}.json"), str(streams)], {**env, **extra}, workdir)[0]
                     for _ in range(repeat)]
             main_thread[n] = statistics.median(runs)
-        slope[config] = (main_thread[tokens] - main_thread[SHORT]) / chunks
-    figures = {"client": slope["none"], "added": slope["otel_llm"] - slope["none"]}
+        slope[name] = (main_thread[tokens] - main_thread[SHORT]) / chunks
+    figures = {"client": slope["none"], "added": slope["otel_llm"] - slope["none"],
+               "path_added": slope["path"] - slope["none"]}
     figures["share"] = figures["added"] / figures["client"]
+    figures["path_share"] = figures["path_added"] / figures["client"]
     print(f"per chunk, replayed ({lengths[tokens]}- minus {lengths[SHORT]}-chunk streams, {streams} each, median of "
           f"{repeat} runs, main thread): the async openai client {figures['client'] / 1e3:.1f} k instructions, "
-          f"otel_llm adds {figures['added'] / 1e3:.2f} k ({100 * figures['share']:.2f} %; target <= 1 %)")
+          f"otel_llm adds {figures['added'] / 1e3:.2f} k ({100 * figures['share']:.2f} %), "
+          f"{figures['path_added'] / 1e3:.2f} k with chunk_metric off ({100 * figures['path_share']:.2f} %; "
+          f"target <= 1 %)")
     return figures
 
 

@@ -130,7 +130,7 @@ def test_record_costs_count_the_sdk_per_histogram_record() -> None:
 @pytest.mark.timeout(600)
 def test_seam_costs_count_otel_llm_alone_per_call_and_per_chunk() -> None:
     """``instructions.py --seam``, shortened: otel_llm's own instructions per call and per chunk,
-    with no HTTP stack (three children under callgrind)."""
+    with no HTTP stack (five children under callgrind, two with chunk_metric off)."""
     assert "python benchmarks/instructions.py --seam" in PERFORMANCE
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "instructions.py"), "--seam",
                              "--calls", "10"], capture_output=True, text=True, timeout=580, env=ENV)
@@ -139,7 +139,14 @@ def test_seam_costs_count_otel_llm_alone_per_call_and_per_chunk() -> None:
                       result.stdout, re.M)
     assert found, result.stdout
     per_call, per_chunk = float(found.group(1)), float(found.group(2))
-    assert 100 < per_call < 10_000 and 1 < per_chunk < 100 and per_chunk * 20 < per_call, result.stdout
+    path = re.search(r"^  with chunk_metric off: +([\d.]+) k per chunk; the time_per_output_chunk records: +(-?[\d.]+) k "
+                     r"per chunk$", result.stdout, re.M)
+    assert path, result.stdout
+    # the stream path alone is a few bytecodes a chunk; each time_per_output_chunk value is one
+    # SDK histogram record with the call's attributes (tens of k, see --records)
+    per_chunk_path, records = float(path.group(1)), float(path.group(2))
+    assert 100 < per_call < 10_000 and 1 < per_chunk_path < 100 and per_chunk_path * 20 < per_call, result.stdout
+    assert records == pytest.approx(per_chunk - per_chunk_path, abs=0.02) and 20 < records < 2000, result.stdout
 
 
 @pytest.mark.slow
@@ -230,16 +237,17 @@ def test_sampling_benchmark_through_the_gateway_and_the_proxy(via: str) -> None:
 def test_replayed_streams_give_the_per_chunk_figure() -> None:
     """``instructions.py --replay``, shortened to one 256-token stream per run: the client's
     instructions per chunk and what otel_llm adds to them, from recorded chunks replayed through
-    httpx2's transport (four children under callgrind)."""
+    httpx2's transport (six children under callgrind: none, otel_llm, otel_llm with chunk_metric off)."""
     assert "python benchmarks/instructions.py --replay" in PERFORMANCE
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "instructions.py"), "--replay", "--streams",
                              "1", "--tokens", "256", "--repeat", "1"],
                             capture_output=True, text=True, timeout=880, env=ENV)
     assert result.returncode == 0, result.stderr[-3000:]
     found = re.search(r"^per chunk, replayed \((\d+)- minus (\d+)-chunk streams.*: the async openai client ([\d.]+) k "
-                      r"instructions, otel_llm adds (-?[\d.]+) k \((-?[\d.]+) %", result.stdout, re.M)
+                      r"instructions, otel_llm adds (-?[\d.]+) k \((-?[\d.]+) %\), (-?[\d.]+) k with chunk_metric off "
+                      r"\((-?[\d.]+) %", result.stdout, re.M)
     assert found, result.stdout
-    long, short, client, added, share = (float(v) for v in found.groups())
+    long, short, client, with_records, with_share, added, share = (float(v) for v in found.groups())
     assert long - short == 240  # one chunk per token, the role and usage chunks in both
     # the client parses each chunk into objects (hundreds of k); otel_llm appends a timestamp and
     # scans in bulk: far below the client's own. One run of 240 chunks each: a run counts up to
@@ -247,6 +255,9 @@ def test_replayed_streams_give_the_per_chunk_figure() -> None:
     # 64-token streams one run came out at -53 k a chunk)
     assert 100 < client < 5000 and abs(added) < client / 10, result.stdout
     assert share == pytest.approx(100 * added / client, abs=0.01), result.stdout
+    # by default each chunk after the first is also one time_per_output_chunk histogram record
+    assert with_records > added + 20 and with_share == pytest.approx(100 * with_records / client, abs=0.01), \
+        result.stdout
 
 
 @pytest.mark.slow
