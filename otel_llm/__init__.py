@@ -45,6 +45,7 @@ def instrument(
     slow_duration: float | None = None,
     record_suppressed: bool | None = None,
     chunk_metric: bool | None = None,
+    beside_genai: bool | None = None,
 ) -> None:
     """Start tracing model calls. Idempotent: a second call while instrumented does nothing.
 

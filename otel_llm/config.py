@@ -50,6 +50,7 @@ ENV_VARS: dict[str, str] = {
     "slow_duration": "OTEL_LLM_SLOW_DURATION",
     "record_suppressed": "OTEL_LLM_RECORD_SUPPRESSED",
     "chunk_metric": "OTEL_LLM_CHUNK_METRIC",
+    "beside_genai": "OTEL_LLM_BESIDE_GENAI",
 }
 # the calls kept whatever the sample rate (otel_llm.telemetry.sampling); all by default
 KEEP_REASONS = ("failed", "slow", "cold", "buffered", "queued", "restart", "retry")
@@ -88,6 +89,7 @@ class Options:
     slow_duration: float | None = None
     record_suppressed: bool = False  # model calls inside suppress_instrumentation() recorded anyway
     chunk_metric: bool = True  # time_per_output_chunk: one record per output chunk after the first
+    beside_genai: bool = True  # under another instrumentation's GenAI call span: join it, leave gen_ai metrics to it
 
 
 def _warn(name: str, value: Any, why: str) -> None:
@@ -205,7 +207,7 @@ def resolve(kwargs: Mapping[str, Any], environ: Mapping[str, str] | None = None)
 def _apply(options: Options, raw: Mapping[str, Any]) -> None:
     for name, value in raw.items():
         if name in ("capture_content", "console_summary", "host_metrics", "gpu_metrics", "runtime_metrics",
-                    "record_suppressed", "chunk_metric"):
+                    "record_suppressed", "chunk_metric", "beside_genai"):
             setattr(options, name, _parse_bool(name, value, getattr(options, name)))
         elif name in ("traces_file_max_bytes", "traces_file_backups"):
             setattr(options, name, _parse_count(name, value, getattr(options, name)))

@@ -17,7 +17,8 @@ __all__ = [
     "GEN_AI_USAGE_OUTPUT_TOKENS", "GEN_AI_USAGE_REASONING_OUTPUT_TOKENS", "HTTP_REQUEST_BODY_SIZE",
     "HTTP_REQUEST_METHOD", "HTTP_RESPONSE_STATUS_CODE", "HTTP_ROUTE", "HW_GPU_CLOCK_DOMAIN", "HW_GPU_TASK",
     "HW_GPU_THROTTLE_REASON", "HW_ID", "HW_MODEL", "HW_NAME", "HW_SENSOR_LOCATION", "HW_TYPE", "HW_VENDOR",
-    "INSTRUMENTATION_NAME", "LLM_API", "LLM_CLIENT_CHUNKS", "LLM_CLIENT_CONNECTION_REUSED", "LLM_CLIENT_END_REASON",
+    "INSTRUMENTATION_NAME", "LLM_API", "LLM_BESIDE_INSTRUMENTATION",
+    "LLM_CLIENT_CHUNKS", "LLM_CLIENT_CONNECTION_REUSED", "LLM_CLIENT_END_REASON",
     "LLM_CLIENT_GENERATION_DURATION", "LLM_CLIENT_GENERATION_RATE", "LLM_CLIENT_MAX_CHUNK_GAP",
     "LLM_CLIENT_RESPONSE_BYTES", "LLM_CLIENT_TIME_TO_FIRST_BYTE", "LLM_CLIENT_TIME_TO_FIRST_TOKEN",
     "LLM_DIAGNOSIS_BOTTLENECK", "LLM_DIAGNOSIS_COLD_START", "LLM_DIAGNOSIS_CONCURRENT_REQUESTS",
@@ -319,6 +320,9 @@ LLM_GATEWAY_RESPONSE_BYTES = "llm.gateway.response_bytes"
 # received, whose caller recorded the same call itself (its baggage says otel_llm.recorded=1);
 # fleet-wide sums leave these out. Absent when the caller records nothing: counted from the gateway.
 LLM_GATEWAY_RELAYED = "llm.gateway.relayed"
+# On otel_llm's call span when it is the transport view under another instrumentation's GenAI span
+# (telemetry.beside): that instrumentation's scope name
+LLM_BESIDE_INSTRUMENTATION = "llm.beside.instrumentation"
 # On the proxy's SERVER span (otel-llm proxy): the caller's side of the relay, from the request's arrival
 LLM_PROXY_TIME_TO_FIRST_BYTE = "llm.proxy.time_to_first_byte"
 LLM_PROXY_TIME_TO_FIRST_TOKEN = "llm.proxy.time_to_first_token"

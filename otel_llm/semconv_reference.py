@@ -396,6 +396,12 @@ ENTRIES: tuple[Name, ...] = (
           "metrics: `true`, the call relays a request whose caller recorded the same call itself (its baggage "
           "has `otel_llm.recorded=1`; fleet-wide sums leave these out). Absent on a call from a caller that "
           "records nothing (curl): the gateway's record is the call's only one."),
+    _attr("LLM_BESIDE_INSTRUMENTATION", "string", "", "otel_llm", "On the call span when the call ran under "
+          "another instrumentation's GenAI span (the official OpenTelemetry ones, openlit, OpenLLMetry, "
+          "OpenInference): that instrumentation's scope name, e.g. `opentelemetry.instrumentation.genai.openai`. "
+          "The span is then the call's transport view, a child of that span named after the HTTP request "
+          "(`POST /v1/chat/completions`), without `gen_ai.*` attributes "
+          "([beside other instrumentations](beside.md))."),
     _attr("LLM_PROXY_TIME_TO_FIRST_BYTE", "double", "s", "otel_llm", "On the proxy's SERVER span (`otel-llm "
           "proxy`): from the request's arrival until the response head was written to the caller."),
     _attr("LLM_PROXY_TIME_TO_FIRST_TOKEN", "double", "s", "otel_llm", "On the proxy's SERVER span, for a stream "

@@ -38,7 +38,8 @@ class Session:
         self.providers: Providers = build_providers(options)
         self.observers: Observers | None = _start_observers(options, self.providers.meter_provider)
         settings = CallSettings(options.capture_content, options.runtimes, options.llm_routes, genai_semconv(),
-                                _sampler(options), options.record_suppressed, options.chunk_metric)
+                                _sampler(options), options.record_suppressed, options.chunk_metric,
+                                options.beside_genai)
         self.telemetry: Telemetry = Telemetry(self.providers.tracer_provider, self.providers.meter_provider,
                                               settings, self.observers)
         self.active = False

@@ -145,13 +145,15 @@ def format_summary(
     duration_s: float,
     status_code: StatusCode | int = StatusCode.UNSET,
     status_message: str | None = None,
+    name: str | None = None,
 ) -> str:
-    """Format one model call as a single line; parts whose attributes are absent are left out."""
+    """Format one model call as a single line; parts whose attributes are absent are left out
+    (``name``: the span's, for a call whose operation and model are on another instrumentation's span)."""
     attrs = attributes
     code = status_code.value if isinstance(status_code, StatusCode) else int(status_code)
     failed = code == StatusCode.ERROR.value or sc.ERROR_TYPE in attrs
     # The server hugs the name ("chat gemma3 @host:port"); other parts are two-space separated.
-    head = " ".join(p for p in (_call_name(attrs) or "model call", _server(attrs)) if p)
+    head = " ".join(p for p in (_call_name(attrs) or name or "model call", _server(attrs)) if p)
     http_status = attrs.get(sc.HTTP_RESPONSE_STATUS_CODE)
     rate = finite_number(attrs.get(sc.LLM_CLIENT_GENERATION_RATE))
     runtime = attrs.get(sc.LLM_RUNTIME_NAME)
@@ -174,8 +176,15 @@ def format_summary(
 
 
 def is_model_call(span: ReadableSpan) -> bool:
-    """True for the CLIENT span that represents one model call."""
-    return span.kind is SpanKind.CLIENT and sc.GEN_AI_OPERATION_NAME in (span.attributes or {})
+    """True for otel_llm's CLIENT span of one model call: its own call span, or its transport view
+    under another instrumentation's (``llm.beside.instrumentation``), not that other span."""
+    if span.kind is not SpanKind.CLIENT:
+        return False
+    attributes = span.attributes or {}
+    if sc.LLM_BESIDE_INSTRUMENTATION in attributes:
+        return True
+    scope = span.instrumentation_scope
+    return sc.GEN_AI_OPERATION_NAME in attributes and (scope is None or scope.name == sc.INSTRUMENTATION_NAME)
 
 
 class SummarySpanProcessor(SpanProcessor):
@@ -198,7 +207,7 @@ class SummarySpanProcessor(SpanProcessor):
                 return  # silenced through logging: not even formatted
             duration_s = ((span.end_time or 0) - (span.start_time or 0)) / 1e9
             line = format_summary(
-                span.attributes or {}, duration_s, span.status.status_code, span.status.description
+                span.attributes or {}, duration_s, span.status.status_code, span.status.description, span.name
             )
             if self._stream is None:
                 _sync_fallback(summary_logger)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping, Sequence
 from urllib.parse import urlsplit
 
+from opentelemetry import trace
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 
@@ -24,6 +25,7 @@ from otel_llm.parse.answer import read_answer
 from otel_llm.parse.request import RequestInfo, parse_request
 from otel_llm.parse.routes import Route, match_route
 from otel_llm.telemetry import attributes as attr_build
+from otel_llm.telemetry.beside import genai_parent, metrics_left_to, transport_name
 from otel_llm.telemetry.build import CallResult, CallStart, Endpoint, build_call
 from otel_llm.telemetry.inflight import InFlight
 from otel_llm.telemetry.metrics import call_metrics
@@ -52,6 +54,7 @@ class CallSettings:
     sampler: Sampler | None = None  # sample_rate set: which calls' spans are kept, decided after each
     record_suppressed: bool = False  # calls inside suppress_instrumentation() recorded anyway
     chunk_metric: bool = True  # time_per_output_chunk per output chunk (a histogram record each)
+    beside_genai: bool = True  # under another instrumentation's GenAI call span: join it (``beside``)
 
 
 class Telemetry:
@@ -108,7 +111,14 @@ class Telemetry:
         attrs = attr_build.request_attributes(endpoint.attributes, info, self.settings.capture_content)
         if relayed:
             attrs[sc.LLM_GATEWAY_RELAYED] = True
-        span = self._spans.start(attr_build.span_name(call.route.operation, info.model), attrs, call.epoch0)
+        beside = genai_parent(trace.get_current_span(), info.model, request.host) \
+            if self.settings.beside_genai else None
+        if beside is None:
+            span = self._spans.start(attr_build.span_name(call.route.operation, info.model), attrs, call.epoch0)
+        else:  # the other instrumentation's span is the call's: this one is its transport view
+            attrs[sc.LLM_BESIDE_INSTRUMENTATION] = beside
+            span = self._spans.start(transport_name(request.method, request.path), attrs, call.epoch0,
+                                     beside=beside)
         if self.evidence is not None:
             _note_start(self.evidence, request, endpoint, span)
         inject_context(request.headers, span, self._sampler is not None and self._sampler.pending(span.parent))
@@ -159,7 +169,8 @@ class Telemetry:
         try:
             self.metrics.record(result.attributes, result.duration,
                                 result.chunk_gaps if self.settings.chunk_metric else (), result.phases,
-                                span.context if span.recording else None, result.counters)
+                                span.context if span.recording else None, result.counters,
+                                metrics_left_to(span.beside))
         except Exception:
             log_once("recording model-call metrics failed")
 

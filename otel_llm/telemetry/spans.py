@@ -25,6 +25,7 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 
 from otel_llm._types import AttributeMap, Attributes
 from otel_llm.telemetry import suppression
+from otel_llm.telemetry.beside import transport_attributes
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import Tracer as SdkTracer
@@ -42,10 +43,10 @@ SpanEvent = tuple[str, AttributeMap]  # (name, attributes), at the call's start
 class CallSpan:
     """The call span as seen before it is emitted: its context, and whether it records."""
 
-    __slots__ = ("context", "parent", "recording", "name", "attributes", "live", "events")
+    __slots__ = ("context", "parent", "recording", "name", "attributes", "live", "events", "beside")
 
     def __init__(self, context: SpanContext, parent: SpanContext | None, recording: bool,
-                 name: str, attributes: Attributes, live: Any = None) -> None:
+                 name: str, attributes: Attributes, live: Any = None, beside: str | None = None) -> None:
         self.context = context
         self.parent = parent
         self.recording = recording
@@ -53,6 +54,8 @@ class CallSpan:
         self.attributes = attributes
         self.live = live  # the API span, for ApiSpanSink
         self.events: list[SpanEvent] | None = None  # rare: only allocated when there is one
+        # the scope of another instrumentation's span for the same call: this one is its transport view
+        self.beside = beside
 
 
 class SdkSpanSink:
@@ -77,7 +80,7 @@ class SdkSpanSink:
         self._scope = tracer._instrumentation_scope  # noqa: SLF001 (no public accessor)
 
     def start(self, name: str, attributes: Attributes, start_time: int, kind: SpanKind = SpanKind.CLIENT,
-              parent: Context | None = None) -> CallSpan:
+              parent: Context | None = None, beside: str | None = None) -> CallSpan:
         """The span's context (sampler consulted, ids drawn) under ``parent`` (default: the
         current context); nothing reaches the processors until it is emitted."""
         current = trace.get_current_span(parent).get_span_context()
@@ -88,7 +91,7 @@ class SdkSpanSink:
             state = parent_context.trace_state if parent_context is not None else None
             context = SpanContext(trace_id, self._ids.generate_span_id(), False,
                                   TraceFlags(TraceFlags.SAMPLED | random), state)
-            return CallSpan(context, parent_context, True, name, attributes)
+            return CallSpan(context, parent_context, True, name, attributes, beside=beside)
         result = self._tracer.sampler.should_sample(parent, trace_id, name, kind, attributes, ())
         # the SDK's Decision.is_sampled/is_recording have no annotations (opentelemetry-sdk 1.x)
         is_sampled = result.decision.is_sampled()  # type: ignore[no-untyped-call]
@@ -98,7 +101,7 @@ class SdkSpanSink:
         if result.attributes:
             attributes = {**attributes, **result.attributes}
         return CallSpan(context, parent_context, result.decision.is_recording(),  # type: ignore[no-untyped-call]
-                        name, attributes)
+                        name, attributes, beside=beside)
 
     def child_context(self, parent: SpanContext) -> SpanContext:
         return SpanContext(parent.trace_id, self._ids.generate_span_id(), False, parent.trace_flags,
@@ -128,7 +131,8 @@ class SdkSpanSink:
                       phase.end_ns + shift, _ERROR if (error and not phase.complete) else _UNSET)
         events = () if result.events is None else tuple(
             self._event(name, attributes, timeline.epoch) for name, attributes in result.events)
-        self.emit(span.name, context, span.parent, SpanKind.CLIENT, result.attributes, timeline.epoch,
+        attributes = result.attributes if span.beside is None else transport_attributes(result.attributes)
+        self.emit(span.name, context, span.parent, SpanKind.CLIENT, attributes, timeline.epoch,
                   timeline.end + shift, _call_status(error), events)
 
 
@@ -141,11 +145,11 @@ class ApiSpanSink:
         # user asked for it, so its spans start where suppression is lifted (a tracer may honour it)
         self._unsuppressed = unsuppressed
 
-    def start(self, name: str, attributes: Attributes, start_time: int) -> CallSpan:
+    def start(self, name: str, attributes: Attributes, start_time: int, beside: str | None = None) -> CallSpan:
         parent = suppression.unsuppressed() if self._unsuppressed else None
-        live = self._tracer.start_span(name, context=parent, kind=SpanKind.CLIENT, attributes=attributes,
-                                       start_time=start_time)
-        return CallSpan(live.get_span_context(), None, live.is_recording(), name, attributes, live)
+        live = self._tracer.start_span(name, context=parent, kind=SpanKind.CLIENT, start_time=start_time,
+                                       attributes=attributes if beside is None else transport_attributes(attributes))
+        return CallSpan(live.get_span_context(), None, live.is_recording(), name, attributes, live, beside)
 
     def finish(self, timeline: Timeline, span: CallSpan, result: CallResult) -> None:
         live = span.live
@@ -153,7 +157,7 @@ class ApiSpanSink:
             live.end()
             return
         error = result.error
-        live.set_attributes(result.attributes)
+        live.set_attributes(result.attributes if span.beside is None else transport_attributes(result.attributes))
         for name, attributes in result.events or ():
             live.add_event(name, attributes, timestamp=timeline.epoch)
         context = trace.set_span_in_context(live, suppression.unsuppressed() if self._unsuppressed else None)

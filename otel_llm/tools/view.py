@@ -1,7 +1,10 @@
 """Render recorded model calls as terminal waterfalls (pure functions, no I/O).
 
 Input is the flattened span dicts of :func:`otel_llm.export.jsonl.read_jsonl`. A model call is
-a CLIENT span carrying ``gen_ai.operation.name``; its direct children are the phase spans.
+a CLIENT span carrying ``gen_ai.operation.name``; its direct children are the phase spans. Beside
+another GenAI instrumentation, otel_llm's span is the call's transport view
+(``llm.beside.instrumentation``) under that instrumentation's span: the call is otel_llm's span,
+named and completed (model, tokens) from the other one.
 
 When several processes' spans meet in one file (a collector's file exporter fed by the
 application, ``otel-llm gateway`` and the runtime), a model call made on behalf of another one in
@@ -47,6 +50,7 @@ class ModelCall:
     relayed: list[ModelCall] = field(default_factory=list)  # calls made on its behalf (a gateway's)
     served: list[SpanDict] = field(default_factory=list)  # the runtime's own SERVER spans
     caller: SpanDict | None = None  # otel-llm proxy's SERVER span: the caller's side of the call
+    genai: SpanDict | None = None  # another instrumentation's span, this call's own being its transport view
 
     @property
     def start_ns(self) -> int:
@@ -62,7 +66,19 @@ class ModelCall:
 
 
 def _is_model_call(span: SpanDict) -> bool:
-    return span.get("kind") == _KIND_CLIENT and sc.GEN_AI_OPERATION_NAME in (span.get("attributes") or {})
+    attributes = span.get("attributes") or {}
+    return span.get("kind") == _KIND_CLIENT and (sc.GEN_AI_OPERATION_NAME in attributes
+                                                 or sc.LLM_BESIDE_INSTRUMENTATION in attributes)
+
+
+def _join(unique: Mapping[tuple[str, str], SpanDict], calls: dict[tuple[str, str], ModelCall]) -> None:
+    """Each transport view takes the other instrumentation's span as its ``genai``; that span is
+    no model call of its own (a call retried has one view per attempt)."""
+    for call in list(calls.values()):
+        if sc.LLM_BESIDE_INSTRUMENTATION in (call.span.get("attributes") or {}):
+            key = (call.span["traceId"], call.span.get("parentSpanId") or "")
+            call.genai = unique.get(key)
+            calls.pop(key, None)
 
 
 def group_calls(spans: Iterable[SpanDict]) -> list[ModelCall]:
@@ -75,6 +91,7 @@ def group_calls(spans: Iterable[SpanDict]) -> list[ModelCall]:
     for span in spans:
         unique[(span["traceId"], span["spanId"])] = span
     calls = {key: ModelCall(span) for key, span in unique.items() if _is_model_call(span)}
+    _join(unique, calls)
     for key, span in unique.items():
         parent = calls.get((span["traceId"], span.get("parentSpanId") or ""))
         # another process's span under the call (the server it called) is not one of its phases
@@ -192,10 +209,14 @@ def _header(call: ModelCall, width: int) -> list[str]:
     """Identity of the call, then its key measurements (only those present), wrapped to width."""
     span = call.span
     attrs = span.get("attributes") or {}
+    name = span.get("name")
+    if call.genai is not None:  # the model call's name, model and tokens are on the other span
+        attrs = {**(call.genai.get("attributes") or {}), **attrs}
+        name = call.genai.get("name") or name
     address = attrs.get(sc.SERVER_ADDRESS)
     port = attrs.get(sc.SERVER_PORT)
     server = f"{address}:{port}" if address and port is not None else address
-    first = [span.get("name") or "model call", server, _status(span), _format_start(call.start_ns),
+    first = [name or "model call", server, _status(span), _format_start(call.start_ns),
              f"total {format_duration(call.duration_ns / 1e9)}"]
     return ["  ".join(str(p) for p in first if p), *_pack(_measurements(attrs) + _diagnosis(attrs), width),
             *_pack(_request(attrs), width), *_pack(_caller(call.caller), width)]

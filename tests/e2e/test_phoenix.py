@@ -350,3 +350,58 @@ def test_a_kept_call_under_a_dropped_parent_is_an_orphan_root_in_phoenix(phoenix
     assert [e["node"] for e in node["rootsByParentSpan"]["edges"]] == [found["rootSpan"]]
     # but the spans table's default filter, `parent_id is None`, leaves it out
     assert node["rootsByParentId"]["edges"] == []
+
+
+BESIDE_APP = """
+import sys
+
+import openai
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+import otel_llm
+
+url, endpoint = sys.argv[1:3]
+provider = TracerProvider(resource=Resource.create({"service.name": "beside"}))
+provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(f"{endpoint}/v1/traces")))
+otel_llm.instrument(tracer_provider=provider, host_metrics=False, gpu_metrics=False, runtime_metrics=False)
+client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+# the span the official GenAI instrumentation opens around the client's call, with what it sets
+genai = provider.get_tracer("opentelemetry.instrumentation.genai.openai")
+attributes = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "openai", "gen_ai.request.model": "beside-m"}
+with genai.start_as_current_span("chat beside-m", kind=trace.SpanKind.CLIENT, attributes=attributes) as span:
+    answer = client.chat.completions.create(model="beside-m", messages=[{"role": "user", "content": "hi"}])
+    span.set_attributes({"gen_ai.usage.input_tokens": answer.usage.prompt_tokens,
+                         "gen_ai.usage.output_tokens": answer.usage.completion_tokens})
+otel_llm.uninstrument()
+provider.shutdown()
+"""
+
+
+def test_beside_another_instrumentation_phoenix_shows_one_llm_span_per_call(phoenix: PhoenixServer,
+                                                                            upstream: SimProcess,
+                                                                            tmp_path: Path) -> None:
+    """Beside another GenAI instrumentation, Phoenix shows the call as the other instrumentation's
+    LLM span, at the root, with its tokens; otel_llm's transport view is its child, of no LLM kind
+    (nothing counted twice), with the phases under it."""
+    project = "beside"
+    env = clean_env(OTEL_METRICS_EXPORTER="none", OTEL_RESOURCE_ATTRIBUTES=f"openinference.project.name={project}")
+    run = run_python(BESIDE_APP, tmp_path, env, upstream.base_url, phoenix.otlp_http_endpoint, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+
+    def arrived(found: list[dict[str, Any]]) -> bool:
+        view = next((s for s in found if s["name"] == "POST /v1/chat/completions"), None)
+        return view is not None and sc.SPAN_SERVER_WAIT in {s["name"] for s in _children(found, view)}
+
+    spans = phoenix.wait_for_spans(arrived, timeout=60, project=project)
+    call = _call(spans, "beside-m")
+    assert call is not None and call["parent_id"] is None and call["span_kind"] == "LLM"
+    assert [s["name"] for s in spans if s["span_kind"] == "LLM"] == ["chat beside-m"]
+    [view] = _children(spans, call)
+    assert view["name"] == "POST /v1/chat/completions" and view["span_kind"] != "LLM", view["span_kind"]
+    assert view["attributes"][sc.LLM_BESIDE_INSTRUMENTATION] == "opentelemetry.instrumentation.genai.openai"
+    assert not [key for key in view["attributes"] if key.startswith("gen_ai.")]
+    assert {sc.SPAN_UPLOAD, sc.SPAN_SERVER_WAIT} <= {s["name"] for s in _children(spans, view)}

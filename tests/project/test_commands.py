@@ -139,8 +139,8 @@ def test_seam_costs_count_otel_llm_alone_per_call_and_per_chunk() -> None:
                       result.stdout, re.M)
     assert found, result.stdout
     per_call, per_chunk = float(found.group(1)), float(found.group(2))
-    path = re.search(r"^  with chunk_metric off: +([\d.]+) k per chunk; the time_per_output_chunk records: +(-?[\d.]+) k "
-                     r"per chunk$", result.stdout, re.M)
+    path = re.search(r"^  with chunk_metric off: +([\d.]+) k per chunk; the time_per_output_chunk records: "
+                     r"+(-?[\d.]+) k per chunk$", result.stdout, re.M)
     assert path, result.stdout
     # the stream path alone is a few bytecodes a chunk; each time_per_output_chunk value is one
     # SDK histogram record with the call's attributes (tens of k, see --records)

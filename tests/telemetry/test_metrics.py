@@ -14,6 +14,7 @@ from opentelemetry.trace import SpanContext, TraceFlags
 from otel_llm import semconv as sc
 from otel_llm.parse.runtimes import RuntimeCounters
 from otel_llm.telemetry.inflight import InFlight
+from otel_llm.config import GENAI_DEFAULT
 from otel_llm.telemetry.metrics import CallMetrics
 from otel_llm.telemetry.phases import Phase
 
@@ -417,3 +418,26 @@ def test_the_inference_usage_counters_and_histograms(meter: Reader) -> None:
     durations = meter.by_attrs(sc.METRIC_INFERENCE_DURATION)
     assert durations[key({**METRIC_ATTRS, sc.ERROR_TYPE: "timeout"})].sum == 2.0
     assert sc.METRIC_OPERATION_DURATION not in meter.metrics() and sc.METRIC_TOKEN_USAGE not in meter.metrics()
+
+
+@pytest.mark.parametrize("semconv", ["default", "latest", "dup"])
+@pytest.mark.parametrize("left", ["client", "client,server"])
+def test_families_left_to_another_instrumentation_are_not_recorded(meter: Reader, semconv: str, left: str) -> None:
+    """Beside an instrumentation that records them (``beside.metrics_left_to``): no gen_ai.client.*
+    record under any naming, no gen_ai.server.* one when it records those too; otel_llm's own
+    llm.* metrics as ever."""
+    from otel_llm.config import GENAI_DUP, GENAI_LATEST
+    from otel_llm.telemetry.beside import CLIENT, SERVER
+    from otel_llm.telemetry.metrics import call_metrics
+
+    mode = {"default": GENAI_DEFAULT, "latest": GENAI_LATEST, "dup": GENAI_DUP}[semconv]
+    families = frozenset({"client": CLIENT, "server": SERVER}[name] for name in left.split(","))
+    counters = RuntimeCounters(time_to_first_token=0.12, time_per_output_token=0.02, generation_rate=45.0)
+    phases = [Phase("llm.decode", 0, 5 * MS, True)]
+    call_metrics(meter.provider, InFlight(), mode).record(CALL, 1.0, (MS, MS), phases, counters=counters,
+                                                          left=families)
+    recorded = {name for name, metric in meter.metrics().items()
+                if any(getattr(p, "count", getattr(p, "value", 0)) for p in metric.data.data_points)}
+    assert not {name for name in recorded if name.startswith(CLIENT)}, recorded
+    assert ({name for name in recorded if name.startswith(SERVER)} == set()) == (SERVER in families), recorded
+    assert {sc.METRIC_PHASE_DURATION, sc.METRIC_RUNTIME_GENERATION_RATE} <= recorded, recorded
