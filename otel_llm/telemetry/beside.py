@@ -8,9 +8,9 @@ after the HTTP request (``POST /v1/chat/completions``), with otel_llm's own attr
 ``server.*``, ``url.*``, ``llm.*``) and no ``gen_ai.*`` one, so that no backend counts the call,
 its tokens or its cost twice; the phases and the runtime's spans hang under it as usual. The
 other instrumentation is named in ``llm.beside.instrumentation``. Where that instrumentation is
-one known to record ``gen_ai.*`` metrics, otel_llm leaves those to it (the ``gen_ai.client.*``
-ones; with openlit the ``gen_ai.server.*`` latencies too, which openlit records from the client's
-timings) and records its own ``llm.*`` metrics for the call.
+one known to record ``gen_ai.*`` metrics, otel_llm leaves the ones it records to it (openlit and
+OpenLLMetry record ``gen_ai.server.time_to_first_token`` from the client's timings, for instance)
+and records the others and its own ``llm.*`` metrics for the call.
 
 Only a span whose kind, scope and attributes can be read (the OpenTelemetry SDK's) is recognised.
 """
@@ -25,17 +25,25 @@ from otel_llm import semconv as sc
 from otel_llm._types import Attributes
 from otel_llm.parse.routes import OP_CHAT, OP_GENERATE_CONTENT, OP_TEXT_COMPLETION
 
-__all__ = ["CLIENT", "SERVER", "genai_parent", "metrics_left_to", "transport_attributes", "transport_name"]
+__all__ = ["genai_parent", "metrics_left_to", "transport_attributes", "transport_name"]
 
 _MODEL_CALLS = frozenset((OP_CHAT, OP_TEXT_COMPLETION, OP_GENERATE_CONTENT))
 # OpenInference's instrumentations mark a model call's span this way (and record no metrics)
 _OPENINFERENCE_KIND = "openinference.span.kind"
-CLIENT, SERVER = "gen_ai.client.", "gen_ai.server."  # the metric families another instrumentation may record
-# by instrumentation scope (prefix), the gen_ai metric families its GenAI instrumentations record:
-# the official ones (opentelemetry-python-genai, -contrib's openai_v2) and OpenLLMetry's
-# (opentelemetry.instrumentation.openai.v1, ...) the client's; openlit's both (it times
-# gen_ai.server.time_to_first_token and time_per_output_token on the client)
-_RECORDED_BY = (("openlit.", frozenset((CLIENT, SERVER))), ("opentelemetry.instrumentation.", frozenset((CLIENT,))))
+# The gen_ai metrics each GenAI instrumentation records itself, by instrumentation scope (the
+# first prefix that matches), under the default names (otel_llm leaves the same quantity under
+# the semantic-conventions-genai names too), read from their sources and runs
+_CLIENT = frozenset((sc.METRIC_OPERATION_DURATION, sc.METRIC_TOKEN_USAGE, sc.METRIC_TIME_TO_FIRST_CHUNK,
+                     sc.METRIC_TIME_PER_OUTPUT_CHUNK))
+_SERVER_TTFT = sc.METRIC_SERVER_TIME_TO_FIRST_TOKEN
+_RECORDED_BY = (
+    ("opentelemetry.instrumentation.genai.", _CLIENT),  # opentelemetry-python-genai's (util-genai)
+    ("opentelemetry.instrumentation.openai_v2", frozenset((sc.METRIC_OPERATION_DURATION, sc.METRIC_TOKEN_USAGE))),
+    ("openlit.", _CLIENT | {_SERVER_TTFT, sc.METRIC_SERVER_TIME_PER_OUTPUT_TOKEN}),  # timed on the client
+    # OpenLLMetry's (opentelemetry.instrumentation.openai.v1, .anthropic, ...; traceloop's semconv_ai)
+    ("opentelemetry.instrumentation.", frozenset((sc.METRIC_OPERATION_DURATION, sc.METRIC_TOKEN_USAGE,
+                                                  _SERVER_TTFT))),
+)
 _NONE: frozenset[str] = frozenset()
 
 
@@ -76,8 +84,8 @@ def _is_model_call(span: Any, attributes: Any) -> bool:
 
 
 def metrics_left_to(scope: str | None) -> frozenset[str]:
-    """The gen_ai metric families (``CLIENT``, ``SERVER``) the instrumentation of ``scope``
-    records itself, which otel_llm then leaves to it."""
+    """The gen_ai metrics (default names) the instrumentation of ``scope`` records itself, which
+    otel_llm then leaves to it."""
     if scope is not None:
         for prefix, families in _RECORDED_BY:
             if scope.startswith(prefix):

@@ -15,7 +15,6 @@ from opentelemetry.metrics import MeterProvider, Observation
 from otel_llm import semconv as sc
 from otel_llm._types import Attributes
 from otel_llm.config import GENAI_DEFAULT, GENAI_DUP, GENAI_LATEST
-from otel_llm.telemetry.beside import CLIENT, SERVER
 from otel_llm.telemetry.inflight import InFlight
 from otel_llm.version import __version__
 
@@ -163,23 +162,25 @@ class CallMetrics:
         self.per_chunk = histogram(sc.METRIC_TIME_PER_OUTPUT_CHUNK, "s", _PER_CHUNK_HELP, sc.DURATION_BUCKETS)
 
     def _record_client(self, span_attrs: Attributes, sets: _AttributeSets, duration: float,
-                       chunk_gaps: Sequence[int], span_context: SpanContext | None) -> None:
-        """The call's gen_ai.client.* records (see ``record``)."""
+                       chunk_gaps: Sequence[int], span_context: SpanContext | None, left: frozenset[str]) -> None:
+        """The call's gen_ai.client.* records, but those in ``left`` (see ``record``)."""
         attrs = sets.call
         linked = _NO_CONTEXT
         if span_context is not None and span_context.trace_flags.sampled:
             linked = trace.set_span_in_context(trace.NonRecordingSpan(span_context), _NO_CONTEXT)
-        self.duration.record(duration, attrs, linked)
-        value = span_attrs.get(sc.GEN_AI_USAGE_INPUT_TOKENS)
-        if value.__class__ is int:
-            self.tokens.record(value, sets.input, _NO_CONTEXT)
-        value = span_attrs.get(sc.GEN_AI_USAGE_OUTPUT_TOKENS)
-        if value.__class__ is int:
-            self.tokens.record(value, sets.output, _NO_CONTEXT)
+        if sc.METRIC_OPERATION_DURATION not in left:
+            self.duration.record(duration, attrs, linked)
+        if sc.METRIC_TOKEN_USAGE not in left:
+            value = span_attrs.get(sc.GEN_AI_USAGE_INPUT_TOKENS)
+            if value.__class__ is int:
+                self.tokens.record(value, sets.input, _NO_CONTEXT)
+            value = span_attrs.get(sc.GEN_AI_USAGE_OUTPUT_TOKENS)
+            if value.__class__ is int:
+                self.tokens.record(value, sets.output, _NO_CONTEXT)
         ttft = span_attrs.get(sc.LLM_CLIENT_TIME_TO_FIRST_TOKEN)
-        if ttft is not None:
+        if ttft is not None and sc.METRIC_TIME_TO_FIRST_CHUNK not in left:
             self.first_chunk.record(ttft, attrs, linked)
-        if chunk_gaps:
+        if chunk_gaps and sc.METRIC_TIME_PER_OUTPUT_CHUNK not in left:
             record = self.per_chunk.record
             for gap in chunk_gaps:
                 record(gap * 1e-9, attrs, _NO_CONTEXT)
@@ -198,18 +199,17 @@ class CallMetrics:
         if unaccounted is not None:
             self.unaccounted.record(unaccounted, sets.phase, _NO_CONTEXT)
 
-    def _record_runtime(self, attrs: Attributes, counters: RuntimeCounters, server: bool = True) -> None:
-        """The runtime-reported latencies (``gen_ai.server.*``, unless ``server`` is false) and
-        rates, when it reported them."""
-        if server:
-            ttft = counters.time_to_first_token
-            if ttft is None and counters.prompt_eval_duration is not None:
-                ttft = sum(v for v in (counters.queue_duration, counters.load_duration,
-                                       counters.prompt_eval_duration) if v is not None)
-            if ttft is not None:
-                self.server_ttft.record(ttft, attrs, _NO_CONTEXT)
-            if counters.time_per_output_token is not None:
-                self.server_tpot.record(counters.time_per_output_token, attrs, _NO_CONTEXT)
+    def _record_runtime(self, attrs: Attributes, counters: RuntimeCounters, left: frozenset[str]) -> None:
+        """The runtime-reported latencies (``gen_ai.server.*``, but those in ``left``) and rates,
+        when it reported them."""
+        ttft = counters.time_to_first_token
+        if ttft is None and counters.prompt_eval_duration is not None:
+            ttft = sum(v for v in (counters.queue_duration, counters.load_duration,
+                                   counters.prompt_eval_duration) if v is not None)
+        if ttft is not None and sc.METRIC_SERVER_TIME_TO_FIRST_TOKEN not in left:
+            self.server_ttft.record(ttft, attrs, _NO_CONTEXT)
+        if counters.time_per_output_token is not None and sc.METRIC_SERVER_TIME_PER_OUTPUT_TOKEN not in left:
+            self.server_tpot.record(counters.time_per_output_token, attrs, _NO_CONTEXT)
         for histogram, value in ((self.prompt_rate, counters.prompt_eval_rate),
                                  (self.generation_rate, counters.generation_rate)):
             if value is not None:
@@ -239,15 +239,14 @@ class CallMetrics:
         between consecutive output chunks, one ``time_per_output_chunk`` value each, as the
         convention defines it): the llm.client.* values and the diagnosis come from
         ``span_attrs``, ``counters`` are the runtime's own (when it reported any). ``left``: the
-        gen_ai metric families (``beside.CLIENT``, ``beside.SERVER``) another instrumentation
-        records for this call, which otel_llm does not record again.
+        gen_ai metrics (default names) another instrumentation records for this call
+        (``beside.metrics_left_to``), which otel_llm does not record again, under any naming.
 
         The call's duration and time to first token are recorded in the call span's context so
         the SDK keeps exemplars (trace ids) on them: a latency panel links to its slow traces.
         The other records skip that (two exemplar offers per call, not twelve)."""
         sets = self._sets(span_attrs)
-        if CLIENT not in left:
-            self._record_client(span_attrs, sets, duration, chunk_gaps, span_context)
+        self._record_client(span_attrs, sets, duration, chunk_gaps, span_context, left)
         context = _NO_CONTEXT
         by_phase = sets.by_phase
         for name, start_ns, end_ns, _ in phases:
@@ -257,7 +256,7 @@ class CallMetrics:
             self.phase.record((end_ns - start_ns) * 1e-9, phase_attrs, context)
         self._record_diagnosis(span_attrs, sets)
         if counters is not None:
-            self._record_runtime(sets.runtime, counters, SERVER not in left)
+            self._record_runtime(sets.runtime, counters, left)
 
 
 class InferenceCallMetrics(CallMetrics):
@@ -314,7 +313,7 @@ class InferenceCallMetrics(CallMetrics):
                span_context: SpanContext | None = None, counters: RuntimeCounters | None = None,
                left: frozenset[str] = frozenset()) -> None:
         super().record(span_attrs, duration, chunk_gaps, phases, span_context, counters, left)
-        if CLIENT in left:
+        if sc.METRIC_TOKEN_USAGE in left:
             return
         sets = self._sets(span_attrs)
         succeeded = sc.ERROR_TYPE not in sets.call

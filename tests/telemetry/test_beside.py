@@ -19,8 +19,7 @@ from opentelemetry.trace import INVALID_SPAN, NonRecordingSpan, SpanKind
 
 import otel_llm
 from otel_llm import semconv as sc
-from otel_llm.telemetry.beside import (CLIENT, SERVER, genai_parent, metrics_left_to, transport_attributes,
-                                       transport_name)
+from otel_llm.telemetry.beside import genai_parent, metrics_left_to, transport_attributes, transport_name
 from otel_llm_testing.clients import post_with_each_transport
 from otel_llm_testing.model_server import ModelServer
 from otel_llm_testing.otel import Otel, make_otel
@@ -211,9 +210,16 @@ def test_genai_parent_reads_only_what_it_can() -> None:
 
 
 def test_metrics_left_to_by_scope() -> None:
-    assert metrics_left_to(OFFICIAL) == metrics_left_to("opentelemetry.instrumentation.openai_v2") == {CLIENT}
-    assert metrics_left_to("opentelemetry.instrumentation.openai.v1") == {CLIENT}  # OpenLLMetry's
-    assert metrics_left_to("openlit.instrumentation.openai") == {CLIENT, SERVER}
+    """What each instrumentation records itself, from its sources and the real runs."""
+    client = {sc.METRIC_OPERATION_DURATION, sc.METRIC_TOKEN_USAGE, sc.METRIC_TIME_TO_FIRST_CHUNK,
+              sc.METRIC_TIME_PER_OUTPUT_CHUNK}
+    assert metrics_left_to(OFFICIAL) == client
+    assert metrics_left_to("opentelemetry.instrumentation.openai_v2") == {sc.METRIC_OPERATION_DURATION,
+                                                                          sc.METRIC_TOKEN_USAGE}
+    assert metrics_left_to("openlit.instrumentation.openai") == client | {sc.METRIC_SERVER_TIME_TO_FIRST_TOKEN,
+                                                                          sc.METRIC_SERVER_TIME_PER_OUTPUT_TOKEN}
+    assert metrics_left_to("opentelemetry.instrumentation.openai.v1") == {  # OpenLLMetry's
+        sc.METRIC_OPERATION_DURATION, sc.METRIC_TOKEN_USAGE, sc.METRIC_SERVER_TIME_TO_FIRST_TOKEN}
     assert not metrics_left_to("openinference.instrumentation.openai") and not metrics_left_to("my.company.llm")
     assert not metrics_left_to(None)
 
@@ -268,3 +274,14 @@ def test_each_attempt_under_one_genai_span_is_a_transport_view_of_its_own(otel: 
     assert len(views) == 2 and {v.parent.span_id for v in views if v.parent} == {span.get_span_context().span_id}
     calls = group_calls(flatten_spans(otel.spans()))
     assert len(calls) == 2 and all(call.genai is not None and call.phases for call in calls)
+
+
+def test_beside_an_instrumentation_that_records_some_gen_ai_metrics_otel_llm_records_the_rest(
+        otel: Otel, server: ModelServer) -> None:
+    """OpenLLMetry records the duration and token usage, not the chunk timings: otel_llm records
+    those, once per call (per chunk), and nothing of what OpenLLMetry records."""
+    _instrument(otel)
+    _under_genai_span(otel, server.url("/v1/chat/completions"), scope="opentelemetry.instrumentation.openai.v1")
+    counts = _counts(otel)
+    assert not counts.get(sc.METRIC_OPERATION_DURATION) and not counts.get(sc.METRIC_TOKEN_USAGE), counts
+    assert counts[sc.METRIC_TIME_TO_FIRST_CHUNK] == 3 and counts[sc.METRIC_TIME_PER_OUTPUT_CHUNK] == 3 * 3

@@ -421,23 +421,35 @@ def test_the_inference_usage_counters_and_histograms(meter: Reader) -> None:
 
 
 @pytest.mark.parametrize("semconv", ["default", "latest", "dup"])
-@pytest.mark.parametrize("left", ["client", "client,server"])
-def test_families_left_to_another_instrumentation_are_not_recorded(meter: Reader, semconv: str, left: str) -> None:
-    """Beside an instrumentation that records them (``beside.metrics_left_to``): no gen_ai.client.*
-    record under any naming, no gen_ai.server.* one when it records those too; otel_llm's own
-    llm.* metrics as ever."""
+@pytest.mark.parametrize("scope", ["opentelemetry.instrumentation.genai.openai", "openlit.instrumentation.openai",
+                                   "opentelemetry.instrumentation.openai.v1"])
+def test_metrics_left_to_another_instrumentation_are_not_recorded(meter: Reader, semconv: str, scope: str) -> None:
+    """Beside an instrumentation that records some gen_ai metrics (``beside.metrics_left_to``):
+    those are not recorded, under any naming; the others, and otel_llm's own llm.* metrics, are."""
     from otel_llm.config import GENAI_DUP, GENAI_LATEST
-    from otel_llm.telemetry.beside import CLIENT, SERVER
+    from otel_llm.telemetry.beside import metrics_left_to
     from otel_llm.telemetry.metrics import call_metrics
 
     mode = {"default": GENAI_DEFAULT, "latest": GENAI_LATEST, "dup": GENAI_DUP}[semconv]
-    families = frozenset({"client": CLIENT, "server": SERVER}[name] for name in left.split(","))
+    left = metrics_left_to(scope)
     counters = RuntimeCounters(time_to_first_token=0.12, time_per_output_token=0.02, generation_rate=45.0)
     phases = [Phase("llm.decode", 0, 5 * MS, True)]
-    call_metrics(meter.provider, InFlight(), mode).record(CALL, 1.0, (MS, MS), phases, counters=counters,
-                                                          left=families)
+    attrs = {**CALL, sc.LLM_CLIENT_TIME_TO_FIRST_TOKEN: 0.2}
+    call_metrics(meter.provider, InFlight(), mode).record(attrs, 1.0, (MS, MS), phases, counters=counters, left=left)
     recorded = {name for name, metric in meter.metrics().items()
                 if any(getattr(p, "count", getattr(p, "value", 0)) for p in metric.data.data_points)}
-    assert not {name for name in recorded if name.startswith(CLIENT)}, recorded
-    assert ({name for name in recorded if name.startswith(SERVER)} == set()) == (SERVER in families), recorded
+    # the same quantity under the semantic-conventions-genai names
+    renamed = {sc.METRIC_OPERATION_DURATION: {sc.METRIC_INFERENCE_DURATION},
+               sc.METRIC_TIME_TO_FIRST_CHUNK: {sc.METRIC_INFERENCE_TIME_TO_FIRST_CHUNK},
+               sc.METRIC_TIME_PER_OUTPUT_CHUNK: {sc.METRIC_INFERENCE_TIME_PER_OUTPUT_CHUNK},
+               sc.METRIC_TOKEN_USAGE: {sc.METRIC_INFERENCE_USAGE_INPUT_TOKENS, sc.METRIC_INFERENCE_USAGE_OUTPUT_TOKENS,
+                                       sc.METRIC_INFERENCE_OPERATION_INPUT_TOKENS,
+                                       sc.METRIC_INFERENCE_OPERATION_OUTPUT_TOKENS}}
+    quantities = [sc.METRIC_OPERATION_DURATION, sc.METRIC_TOKEN_USAGE, sc.METRIC_TIME_TO_FIRST_CHUNK,
+                  sc.METRIC_TIME_PER_OUTPUT_CHUNK, sc.METRIC_SERVER_TIME_TO_FIRST_TOKEN,
+                  sc.METRIC_SERVER_TIME_PER_OUTPUT_TOKEN]
+    assert left and set(left) <= set(quantities)
+    for quantity in quantities:
+        names = {quantity, *renamed.get(quantity, ())}
+        assert (not names & recorded) == (quantity in left), (quantity, sorted(recorded))
     assert {sc.METRIC_PHASE_DURATION, sc.METRIC_RUNTIME_GENERATION_RATE} <= recorded, recorded
