@@ -8,7 +8,8 @@ length as vLLM counts it: the first round's ``vllm bench serve`` prompt count (i
 plus the chat template on the chat endpoint) is what ``otel-llm bench --prompt-tokens`` is asked
 for. Rounds interleave the two tools, the order alternating, so compared runs are seconds apart;
 each figure is the median over rounds, and each ratio (otel-llm / vllm) the median of the
-per-round ratios.
+per-round ratios. A short run of ``vllm bench serve``, not counted, warms the server first: a
+fresh server's first batches run slower, which round 1 would charge to the tool that runs first.
 
 Every round is judged on its own too: it agrees (``otel-llm bench``'s TPOT p50 and output
 throughput within ``ROUND_TARGET`` of ``vllm bench serve``'s in the same round), or ``otel-llm
@@ -294,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
 def _rounds(args: argparse.Namespace, python: str, out: Path) -> list[dict[str, Any]]:
     rounds: list[dict[str, Any]] = []
     prompt_tokens = 0
+    warm_up = argparse.Namespace(**{**vars(args), "requests": 4 * (args.concurrency or 1)})
+    vllm_bench(python, warm_up, random.randrange(1, 2**31), out)  # not counted
     for index in range(args.rounds):
         order = ("vllm", "otel") if index % 2 == 0 else ("otel", "vllm")
         figures: dict[str, Any] = {"order": order}

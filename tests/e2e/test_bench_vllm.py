@@ -49,7 +49,9 @@ def test_side_by_side_with_vllm_bench_serve(vllm: VllmServer, tmp_path: Path) ->
     """Both tools on vLLM's text-completions endpoint (``vllm bench serve``'s default), closed loop at
     concurrency 2, in interleaved rounds. Every round is judged on its own, with no rerun: a round
     whose streams reached ``otel-llm bench`` in bursts fails the test (with what the bench said about
-    itself), as does a round whose figures leave the range; the medians cannot hide either."""
+    itself), as does a round whose figures leave the range, unless vLLM's own counters show the
+    server itself ran at another speed in the two runs (the script's "server" verdict: on this
+    shared machine its TPOT moves by half from run to run); the medians cannot hide either."""
     out = tmp_path / "vs.json"
     proc = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "vs_vllm_bench.py"), "--url", vllm.base_url, "--endpoint",
@@ -71,6 +73,10 @@ def test_side_by_side_with_vllm_bench_serve(vllm: VllmServer, tmp_path: Path) ->
         # what the bench measured of itself is in every round's JSON
         assert ours["generator_loop"]["ticks"] > 0 and ours["bursts"]["judged"] == REQUESTS, ours
         assert ours["trusted"] and r["verdict"] != "bursts", (i, ours["warnings"], proc.stdout)
+        if r["verdict"] == "server":  # vLLM's own inter-token latency moved between the two runs as
+            # the clients' TPOT did, and otel-llm bench's TPOT is vLLM's own in its run
+            assert abs(ours["tpot_p50_ms"] / ours["server_itl_mean_ms"] - 1) <= 0.1, (i, proc.stdout)
+            continue
         for key in ("tpot_p50_ms", "output_throughput"):  # the script's --check holds the 10 % targets
             assert 0.75 < ours[key] / theirs[key] < 1.33, (i, key, proc.stdout)
     assert "the client's part of TTFT" in proc.stdout
