@@ -5,7 +5,8 @@ and its counts beside vLLM's own counters.
 The strict agreement targets (TPOT and output throughput within 10 % in each round, median ratios
 within 10 % and 5 %) are the benchmark script's (``--check``), run by hand with enough rounds to
 beat this machine's noise; here every round must measure the same workload (prompt and output
-lengths, nothing cached), read its streams as vLLM wrote them (no bursts) and land in range."""
+lengths, nothing cached), read its streams as vLLM wrote them (no bursts), and each run's TPOT must
+be what vLLM's own counters say of that run; the medians of the two tools land in range."""
 
 from __future__ import annotations
 
@@ -49,9 +50,8 @@ def test_side_by_side_with_vllm_bench_serve(vllm: VllmServer, tmp_path: Path) ->
     """Both tools on vLLM's text-completions endpoint (``vllm bench serve``'s default), closed loop at
     concurrency 2, in interleaved rounds. Every round is judged on its own, with no rerun: a round
     whose streams reached ``otel-llm bench`` in bursts fails the test (with what the bench said about
-    itself), as does a round whose figures leave the range, unless vLLM's own counters show the
-    server itself ran at another speed in the two runs (the script's "server" verdict: on this
-    shared machine its TPOT moves by half from run to run); the medians cannot hide either."""
+    itself), as does a run whose TPOT is not what vLLM's own counters say of that run; the medians
+    cannot hide either."""
     out = tmp_path / "vs.json"
     proc = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "vs_vllm_bench.py"), "--url", vllm.base_url, "--endpoint",
@@ -73,12 +73,11 @@ def test_side_by_side_with_vllm_bench_serve(vllm: VllmServer, tmp_path: Path) ->
         # what the bench measured of itself is in every round's JSON
         assert ours["generator_loop"]["ticks"] > 0 and ours["bursts"]["judged"] == REQUESTS, ours
         assert ours["trusted"] and r["verdict"] != "bursts", (i, ours["warnings"], proc.stdout)
-        if r["verdict"] == "server":  # vLLM's own inter-token latency moved between the two runs as
-            # the clients' TPOT did, and otel-llm bench's TPOT is vLLM's own in its run
-            assert abs(ours["tpot_p50_ms"] / ours["server_itl_mean_ms"] - 1) <= 0.1, (i, proc.stdout)
-            continue
-        for key in ("tpot_p50_ms", "output_throughput"):  # the script's --check holds the 10 % targets
-            assert 0.75 < ours[key] / theirs[key] < 1.33, (i, key, proc.stdout)
+        # each run against vLLM's own account of it (its mean inter-token latency over that run):
+        # the server's speed moves by half from one run to the next on this shared machine, so two
+        # runs seconds apart are compared by their medians below and by the script's --check
+        for run in (theirs, ours):
+            assert 0.8 < run["tpot_p50_ms"] / run["server_itl_mean_ms"] < 1.25, (i, run, proc.stdout)
     assert "the client's part of TTFT" in proc.stdout
     for key, ratio in result["ratio"].items():
         assert 0.6 < ratio < 1.67, (key, ratio, proc.stdout)
