@@ -8,8 +8,8 @@ length as vLLM counts it: the first round's ``vllm bench serve`` prompt count (i
 plus the chat template on the chat endpoint) is what ``otel-llm bench --prompt-tokens`` is asked
 for. Rounds interleave the two tools, the order alternating, so compared runs are seconds apart;
 each figure is the median over rounds, and each ratio (otel-llm / vllm) the median of the
-per-round ratios. A short run of ``vllm bench serve``, not counted, warms the server first: a
-fresh server's first batches run slower, which round 1 would charge to the tool that runs first.
+per-round ratios. A short run of ``vllm bench serve``, not counted, comes first, so that no
+counted run is the server's first under this load.
 
 Every round is judged on its own too: it agrees (``otel-llm bench``'s TPOT p50 and output
 throughput within ``ROUND_TARGET`` of ``vllm bench serve``'s in the same round), or ``otel-llm

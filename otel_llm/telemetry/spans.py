@@ -131,9 +131,8 @@ class SdkSpanSink:
                       phase.end_ns + shift, _ERROR if (error and not phase.complete) else _UNSET)
         events = () if result.events is None else tuple(
             self._event(name, attributes, timeline.epoch) for name, attributes in result.events)
-        attributes = result.attributes if span.beside is None else transport_attributes(result.attributes)
-        self.emit(span.name, context, span.parent, SpanKind.CLIENT, attributes, timeline.epoch,
-                  timeline.end + shift, _call_status(error), events)
+        self.emit(span.name, context, span.parent, SpanKind.CLIENT, _shown(result.attributes, span.beside),
+                  timeline.epoch, timeline.end + shift, _call_status(error), events)
 
 
 class ApiSpanSink:
@@ -148,7 +147,7 @@ class ApiSpanSink:
     def start(self, name: str, attributes: Attributes, start_time: int, beside: str | None = None) -> CallSpan:
         parent = suppression.unsuppressed() if self._unsuppressed else None
         live = self._tracer.start_span(name, context=parent, kind=SpanKind.CLIENT, start_time=start_time,
-                                       attributes=attributes if beside is None else transport_attributes(attributes))
+                                       attributes=_shown(attributes, beside))
         return CallSpan(live.get_span_context(), None, live.is_recording(), name, attributes, live, beside)
 
     def finish(self, timeline: Timeline, span: CallSpan, result: CallResult) -> None:
@@ -157,7 +156,7 @@ class ApiSpanSink:
             live.end()
             return
         error = result.error
-        live.set_attributes(result.attributes if span.beside is None else transport_attributes(result.attributes))
+        live.set_attributes(_shown(result.attributes, span.beside))
         for name, attributes in result.events or ():
             live.add_event(name, attributes, timestamp=timeline.epoch)
         context = trace.set_span_in_context(live, suppression.unsuppressed() if self._unsuppressed else None)
@@ -175,6 +174,12 @@ class ApiSpanSink:
 _RANDOM_TRACE_ID: int = getattr(TraceFlags, "RANDOM_TRACE_ID", 0)
 _UNSET = Status(StatusCode.UNSET)
 _ERROR = Status(StatusCode.ERROR)
+
+
+def _shown(attributes: Attributes, beside: str | None) -> Attributes:
+    """What the call span carries of ``attributes``: all of them, or, as another instrumentation's
+    transport view (``beside``), all but the ``gen_ai.*`` ones."""
+    return attributes if beside is None else transport_attributes(attributes)
 
 
 def _phase_status(phase: Phase, error: str | None) -> Status:
