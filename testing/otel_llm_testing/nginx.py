@@ -28,9 +28,10 @@ __all__ = ["NGINX", "SHIPPED_CONF", "NginxError", "NginxProxy", "NginxServer", "
 NGINX = "/usr/sbin/nginx"
 SHIPPED_CONF = Path(__file__).resolve().parents[2] / "deploy" / "nginx" / "otel-llm-gateway.conf"
 _MAIN = """worker_processes 1;
+worker_rlimit_nofile {files};
 pid {dir}/nginx.pid;
 error_log {dir}/error.log warn;
-events {{ worker_connections 512; }}
+events {{ worker_connections {connections}; }}
 http {{
     access_log off;
     client_body_temp_path {dir}/body;
@@ -78,10 +79,12 @@ def render(text: str, port: int, upstream: str, cert: str, key: str) -> str:
 
 class NginxServer:
     """nginx serving ``site`` (what goes in the ``http`` block) and listening on ``port``, in a
-    temporary prefix; a context manager. ``start()`` returns once the port accepts connections."""
+    temporary prefix; a context manager. ``start()`` returns once the port accepts connections.
+    ``worker_connections`` counts both sides of a relayed request (the caller's and the upstream's)."""
 
-    def __init__(self, site: str, port: int, binary: str = NGINX) -> None:
+    def __init__(self, site: str, port: int, binary: str = NGINX, worker_connections: int = 512) -> None:
         self.site, self.port, self.binary = site, port, binary
+        self.worker_connections = worker_connections
         self.dir = Path(tempfile.mkdtemp(prefix="otel-llm-nginx-"))
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -93,7 +96,8 @@ class NginxServer:
 
     def start(self) -> NginxServer:
         (self.dir / "site.conf").write_text(self.site)
-        (self.dir / "nginx.conf").write_text(_MAIN.format(dir=self.dir))
+        (self.dir / "nginx.conf").write_text(_MAIN.format(dir=self.dir, connections=self.worker_connections,
+                                                            files=2 * self.worker_connections + 64))
         log = open(self.dir / "stderr.log", "wb")
         self._proc = subprocess.Popen([self.binary, "-p", str(self.dir), "-c", str(self.dir / "nginx.conf"),
                                        "-g", "daemon off;"], stdin=subprocess.DEVNULL, stdout=log, stderr=log)

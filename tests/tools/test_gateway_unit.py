@@ -213,6 +213,9 @@ _BAD_SETTINGS: dict[str, tuple[dict[str, Any], list[str]]] = {  # overrides -> w
     "upstream_timeout_inf": ({"upstream_timeout": "inf"}, ["upstream_timeout"]),
     "max_queue_word": ({"max_queue": "lots"}, ["max_queue must be a number", "lots"]),
     "access_log_empty": ({"access_log": ""}, ["access_log"]),
+    "workers_zero": ({"workers": 0}, ["workers must be a positive number"]),
+    "workers_word": ({"workers": "all"}, ["workers must be a number", "all"]),
+    "workers_too_many": ({"workers": 257}, ["workers must be at most 256", "257"]),
     "missing_keys_file": ({"keys_file": "/nonexistent/keys.toml"}, ["no such file", "/nonexistent/keys.toml"]),
     "missing_config_file": ({"config_file": "/nonexistent/gw.toml"}, ["no such file", "/nonexistent/gw.toml"]),
 }

@@ -617,3 +617,143 @@ def test_gateway_span_tree_of_a_failed_call() -> None:
     assert server.attributes[sc.HTTP_RESPONSE_STATUS_CODE] == 502
     assert server.attributes[sc.LLM_GATEWAY_OUTCOME] == "upstream_error"
     assert queue.attributes[sc.LLM_GATEWAY_QUEUE_DEPTH] == 0
+
+
+# -- relayed from the connection's callback (Response.relay) -------------------------------------
+async def _no_wait() -> None:
+    return None
+
+
+def _chunked(*pieces: tuple[float, bytes]) -> Answer:
+    """A chunked answer: each piece after its delay (seconds), then the last chunk."""
+    async def answer(server: Server, reader: Any, writer: asyncio.StreamWriter, seen: Seen) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: text/event-stream\r\n\r\n")
+        await writer.drain()
+        for delay, piece in pieces:
+            await asyncio.sleep(delay)
+            writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        return True
+    return answer
+
+
+def test_relay_hands_each_piece_over_as_it_arrives_and_reuses_the_connection() -> None:
+    async def run() -> None:
+        async with Server(_chunked((0.0, b"a"), (0.05, b"bb"), (0.05, b"ccc"))) as server:
+            up = client(server.url)
+            response = await up.request("POST", CHAT, JSON, b"{}")
+            conn = response._conn
+            arrivals: list[tuple[float, bytes]] = []
+
+            def write(piece: bytes) -> bool:
+                arrivals.append((time.monotonic(), piece))
+                return True
+            waited = await response.relay(write, _no_wait)
+            assert [piece for _, piece in arrivals] == [b"a", b"bb", b"ccc"] and waited == 0
+            gaps = [b[0] - a[0] for a, b in zip(arrivals, arrivals[1:])]
+            assert all(gap > 0.03 for gap in gaps), gaps  # not gathered: each piece when it came
+            assert up._idle == [conn] and conn is not None and conn.forward is None
+            again = await up.request("POST", CHAT, JSON, b"{}")
+            assert again._conn is conn and b"".join(await read_all(again)) == b"abbccc"
+            up.close()
+    asyncio.run(run())
+
+
+def test_relay_times_out_on_silence_not_on_a_long_answer() -> None:
+    """The read timeout is silence since the last piece: an answer longer than the timeout whose
+    pieces keep coming passes; a pause longer than it fails, and the connection is not reused."""
+    steady = [(0.1, b"x")] * 8  # 0.8 s in all, never 0.25 s quiet
+    stall = [(0.0, b"x"), (0.6, b"late")]
+
+    async def run() -> None:
+        for pieces, fails in ((steady, False), (stall, True)):
+            async with Server(_chunked(*pieces)) as server:
+                up = client(server.url, read_timeout=0.25)
+                response = await up.request("POST", CHAT, JSON, b"{}")
+                got: list[bytes] = []
+                started = time.monotonic()
+                if fails:
+                    with pytest.raises(httpx.ReadTimeout):
+                        await response.relay(lambda piece: got.append(piece) is None, _no_wait)
+                    assert got == [b"x"] and time.monotonic() - started < 0.55 and up._idle == []
+                else:
+                    await response.relay(lambda piece: got.append(piece) is None, _no_wait)
+                    assert got == [b"x"] * 8 and len(up._idle) == 1
+                up.close()
+    asyncio.run(run())
+
+
+def test_relay_pauses_the_upstream_while_the_caller_side_is_full() -> None:
+    """``write`` saying False stops reading until ``drained()`` returns: the server cannot write
+    everything meanwhile, and every byte still arrives in order; the wait is returned."""
+    size = 64 * 1024 * 1024
+    pattern = bytes(range(256)) * 4096
+
+    async def answer(server: Server, reader: Any, writer: asyncio.StreamWriter, seen: Seen) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size)
+        for _ in range(size // len(pattern)):
+            writer.write(pattern)
+            await writer.drain()
+        server.seen.append(Seen(-1, b"all written", b""))
+        return True
+
+    async def run() -> None:
+        async with Server(answer) as server:
+            up = client(server.url)
+            response = await up.request("POST", CHAT, JSON, b"{}")
+            received = bytearray()
+            full = asyncio.Event()
+            stalled: list[int] = []
+
+            def write(piece: bytes) -> bool:
+                received.extend(piece)
+                return full.is_set()
+
+            async def drained() -> None:
+                stalled.append(len(server.seen))  # what the server could write while we did not read
+                await asyncio.sleep(0.2)
+                full.set()  # from now on the caller keeps up
+
+            waited = await response.relay(write, drained)
+            assert stalled == [1], "the server could write everything: nothing held it back"
+            assert len(received) == size and bytes(received[:len(pattern)]) == pattern
+            assert waited >= 0.15e9
+            assert len(up._idle) == 1 and not up._idle[0].congested
+            up.close()
+    asyncio.run(run())
+
+
+def test_relay_of_an_answer_cut_short_raises_after_what_arrived() -> None:
+    async def run() -> None:
+        async with Server(fixed(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly ten..", keep=False)) as server:
+            up = client(server.url)
+            response = await up.request("POST", CHAT, JSON, b"{}")
+            got: list[bytes] = []
+            with pytest.raises(httpx.RemoteProtocolError):
+                await response.relay(lambda piece: got.append(piece) is None, _no_wait)
+            assert got == [b"only ten.."] and up._idle == []
+    asyncio.run(run())
+
+
+def test_cancelled_direct_relay_closes_the_upstream_and_ends_the_call(otel: Otel) -> None:
+    async def run() -> None:
+        async with Server(_endless) as server:
+            up = client(server.url, traced=True)
+
+            async def relay() -> None:
+                response = await up.request("POST", b"/api/generate", JSON, b'{"model": "m", "prompt": "x"}')
+                await response.relay(lambda piece: True, _no_wait)
+
+            task = asyncio.ensure_future(relay())
+            await asyncio.sleep(0.15)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert await peer_closed(server, 0), "the upstream kept streaming to nobody"
+            assert up._idle == []
+    asyncio.run(run())
+    (call,) = otel.calls()
+    assert call.attributes["llm.client.end_reason"] == "cancelled"
+    assert call.attributes["llm.client.chunks"] >= 3

@@ -242,8 +242,9 @@ def test_a_caller_that_hangs_up_ends_the_upstream_request(sim: SimProcess, tmp_p
 @pytest.mark.slow
 @pytest.mark.timing
 def test_a_slow_reader_shows_as_write_wait(sim: SimProcess, tmp_path: Path) -> None:
-    """A caller that reads nothing for a second while 4.5 MB of tokens arrive: the proxy's writes
-    wait for it (and the upstream read with them), and the SERVER span says how long."""
+    """A caller that reads nothing for 1.5 s while 4.5 MB of tokens arrive: once the kernel's
+    buffers are full (a few tenths of a second on loopback, more on a loaded machine) the proxy's
+    writes wait for it (and the upstream read with them), and the SERVER span says how long."""
     with Proxy(sim.base_url, tmp_path) as proxy:
         host, port = proxy.url.removeprefix("http://").rsplit(":", 1)
         payload = json.dumps(BODY).encode()
@@ -253,7 +254,7 @@ def test_a_slow_reader_shows_as_write_wait(sim: SimProcess, tmp_path: Path) -> N
             conn.sendall(f"POST {CHAT} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: slow-reader/1\r\n"
                          "x-sim-tokens: 20000\r\nx-sim-token-interval: 0\r\nConnection: close\r\n"
                          f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n".encode() + payload)
-            time.sleep(1.0)
+            time.sleep(1.5)
             received = b""
             while chunk := conn.recv(1 << 20):
                 received += chunk
@@ -372,3 +373,44 @@ def test_a_bad_stream_usage_value_is_refused_with_its_name() -> None:
                         "stream_usage": "on"}, environ={}).stream_usage is True
     with pytest.raises(ConfigError, match="stream_usage must be on or off"):
         load_config({"upstream": "http://127.0.0.1:1", "role": "proxy", "stream_usage": "maybe"}, environ={})
+
+
+# -- workers ---------------------------------------------------------------------------------------
+def _instances(spans: list[dict[str, Any]]) -> set[str]:
+    """The ``service.instance.id`` of each SERVER span's exporting process."""
+    return {s["resource"]["service.instance.id"] for s in spans if s["kind"] == KIND_SERVER}
+
+
+def _worker_pids(proxy: Proxy) -> set[int]:
+    import psutil
+
+    return {child.pid for child in psutil.Process(proxy.pid).children()}
+
+
+@pytest.mark.slow
+def test_workers_share_the_port_and_one_that_dies_is_replaced(sim: SimProcess, tmp_path: Path) -> None:
+    """``--workers 2``: two processes answer on one address (new connections spread over both,
+    each exporting as its own service instance); one killed mid-run is replaced, the port keeps
+    answering, and SIGTERM stops everything cleanly with the live workers' spans flushed."""
+    with Proxy(sim.base_url, tmp_path, "--workers", "2") as proxy:
+        assert "2 workers, limits apply in each" in proxy.log()
+        workers = wait_for(lambda: len(_worker_pids(proxy)) == 2 and _worker_pids(proxy), 30)
+        assert workers, proxy.log()
+        for _ in range(16):  # each curl is a new connection: the kernel spreads them
+            stream, timing = curl(proxy.url + CHAT, BODY)
+            assert timing["status"] == 200 and text_of(stream).endswith(f" tok{TOKENS - 1}")
+        victim = min(workers)
+        os.kill(victim, 9)
+        replaced = wait_for(lambda: (pids := _worker_pids(proxy)) and len(pids) == 2 and victim not in pids and pids,
+                            30)
+        assert replaced, proxy.log()
+        assert re.search(rf"worker \d \(pid {victim}\) was killed by signal 9; starting another", proxy.log())
+        for _ in range(8):
+            stream, timing = curl(proxy.url + CHAT, BODY)
+            assert timing["status"] == 200, proxy.log()
+    assert proxy.exit_code == 0, proxy.log()
+    spans = proxy.spans()
+    # the killed worker's unexported spans are gone with it; the other two processes flushed theirs
+    assert len(_instances(spans)) >= 2, _instances(spans)
+    servers = [s for s in spans if s["kind"] == KIND_SERVER]
+    assert 8 <= len(servers) <= 24 and all(children(spans, s) for s in servers)

@@ -46,6 +46,8 @@ SETTING_FLAGS: tuple[tuple[str, str, type, str], ...] = (
     ("--access-log-max-bytes", "access_log_max_bytes", int, "rotate an access log file past this size "
                                                             "(default 100 MiB; 0 never)"),
     ("--access-log-backups", "access_log_backups", int, "previous access log files kept (default 1)"),
+    ("--workers", "workers", int, "processes serving the port, one per core at most; limits and the queue "
+                                  "apply in each (default 1)"),
     ("--stream-usage", "stream_usage", str, "on: ask OpenAI-compatible streams for their usage chunk, which "
                                             "also brings vLLM's per-request metrics (default off)"),
 )

@@ -46,6 +46,7 @@ __all__ = ["Gateway", "HEALTH_PATH"]
 HEALTH_PATH = "/-/health"
 MAX_HEADER_BYTES = 32 * 1024  # request head (names + values); larger ones are never forwarded
 MAX_WRITES = 4096  # relayed pieces whose write times the proxy keeps, to find the first token's
+_GONE_GRACE = 5.0  # seconds for the disconnect watcher to cancel a relay whose caller left
 _perf_ns = time.perf_counter_ns
 _log = logging.getLogger("otel_llm.gateway")
 
@@ -261,6 +262,11 @@ class Gateway:
         headers = response_headers(response.headers, exchange.server_timing())
         await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
         exchange.head_sent = _perf_ns()
+        exchange.caller_timed = self._times_writes
+        cycle = _chunked_cycle(send)
+        if cycle is not None:
+            await self._relay_direct(exchange, response, cycle)
+            return
         # the proxy notes when each piece was written to the caller, and how long writing waited
         # for it (the server's ``send`` waits while the caller is not reading)
         writes = exchange.writes = [] if self._times_writes else None
@@ -284,6 +290,37 @@ class Gateway:
         exchange.complete = True
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
+    async def _relay_direct(self, exchange: Exchange, response: Response, cycle: Any) -> None:
+        """The body straight from the upstream connection's callback into the caller's transport,
+        framed as uvicorn frames a chunked body: no ASGI message, await or task switch per piece.
+        Each piece is written as it arrives, so it is written when the trace says it arrived;
+        what the caller's slowness cost is the time reading waited for its side to drain."""
+        transport, flow = cycle.transport, cycle.flow
+
+        def write(piece: bytes) -> bool:
+            exchange.bytes_out += len(piece)
+            if cycle.disconnected:
+                return False
+            transport.write(b"%x\r\n%b\r\n" % (len(piece), piece))
+            return not flow.write_paused
+
+        async def drained() -> None:
+            if cycle.disconnected:  # the disconnect watcher cancels this task
+                await asyncio.sleep(_GONE_GRACE)
+                raise _ClientGone()
+            await flow.drain()
+
+        try:
+            exchange.write_wait += await response.relay(write, drained)
+        except httpx.HTTPError as exc:
+            exchange.outcome, exchange.error = "upstream_error", type(exc).__name__
+            raise
+        finally:
+            if self._times_writes:
+                exchange.first_token_written = response.first_token_ns() or None
+        exchange.complete = True
+        await cycle.send({"type": "http.response.body", "body": b"", "more_body": False})
+
     async def _deny(self, exchange: Exchange, send: Any, status: int, outcome: str, message: str,
                     headers: Any = ()) -> None:
         exchange.status, exchange.outcome = status, outcome
@@ -291,6 +328,22 @@ class Gateway:
         if status in (408, 413):
             extra.append(("connection", "close"))  # the unread body must not be parsed as a request
         await _answer(send, status, {"error": {"message": message, "type": outcome, "code": status}}, extra)
+
+
+def _chunked_cycle(send: Any) -> Any:
+    """uvicorn's response cycle behind ``send`` once it sent a chunked head (the only framing a
+    streamed answer gets here: the upstream's Content-Length and Transfer-Encoding never pass),
+    whose transport and flow control ``_relay_direct`` writes through; None under another
+    server or for a head of another framing, which are relayed message by message."""
+    cycle = getattr(send, "__self__", None)
+    if getattr(cycle, "chunked_encoding", None) is not True or getattr(cycle, "response_complete", True):
+        return None
+    if not all(hasattr(cycle, name) for name in ("transport", "flow", "disconnected")):
+        return None
+    flow = getattr(cycle, "flow", None)
+    if not hasattr(flow, "write_paused") or not hasattr(flow, "drain"):
+        return None
+    return cycle
 
 
 def _written_at(writes: list[tuple[int, int]], arrived_ns: int) -> int | None:

@@ -76,7 +76,9 @@ class Exchange:
     complete: bool = False  # the last byte of the response was handed to the server
     recorded: bool = True  # False: a refusal past its address's budget, counted in the metrics only
     error: str | None = None
-    # the proxy only: (arrived, written) per relayed piece (the first MAX_WRITES), and the caller's side
+    # the proxy only: the caller's side of the relay is timed; (arrived, written) per piece relayed
+    # message by message (the first MAX_WRITES; a direct relay writes each piece as it arrives)
+    caller_timed: bool = False
     writes: list[tuple[int, int]] | None = None
     write_wait: int = 0  # ns spent waiting for the caller to take the response
     first_token_written: int | None = None
@@ -296,7 +298,7 @@ class GatewayTelemetry:
             attrs[sc.LLM_GATEWAY_UPSTREAM_FIRST_BYTE] = (exchange.first_byte - exchange.upstream_start) / 1e9
         if exchange.status >= 500:
             attrs[sc.ERROR_TYPE] = str(exchange.status)
-        if exchange.writes is not None:  # the proxy: the caller's side of the relay
+        if exchange.caller_timed:  # the proxy: the caller's side of the relay
             if exchange.head_sent is not None:
                 attrs[sc.LLM_PROXY_TIME_TO_FIRST_BYTE] = (exchange.head_sent - exchange.t0) / 1e9
             if exchange.first_token_written is not None:

@@ -36,6 +36,7 @@ __all__ = ["ConfigError", "GatewayConfig", "KeyPolicy", "ENV_VARS", "PROXY", "is
            "split_route"]
 
 GATEWAY, PROXY = "gateway", "proxy"  # GatewayConfig.role
+MAX_WORKERS = 256
 
 ENV_PREFIX = "OTEL_LLM_GATEWAY_"
 ENV_VARS: dict[str, str] = {  # setting -> environment variable (README table)
@@ -61,6 +62,7 @@ ENV_VARS: dict[str, str] = {  # setting -> environment variable (README table)
     "access_log_max_bytes": "OTEL_LLM_GATEWAY_ACCESS_LOG_MAX_BYTES",
     "access_log_backups": "OTEL_LLM_GATEWAY_ACCESS_LOG_BACKUPS",
     "stream_usage": "OTEL_LLM_GATEWAY_STREAM_USAGE",
+    "workers": "OTEL_LLM_GATEWAY_WORKERS",
 }
 _KEY_FIELDS = {"hash", "routes", "models", "rate", "burst", "max_concurrency"}
 
@@ -108,6 +110,9 @@ class GatewayConfig:
     access_log_backups: int = 1  # previous access log files kept
     # add stream_options.include_usage to OpenAI-compatible streams that do not ask (rewrite.py)
     stream_usage: bool = False
+    # processes serving the listening port (SO_REUSEPORT), each with its own limits and telemetry;
+    # one that dies is replaced
+    workers: int = 1
     # "proxy" (``otel-llm proxy``): the upstream call is the model call itself, not a relayed hop;
     # without keys there is no authentication, no queue, and only a loopback address may be used
     role: str = GATEWAY
@@ -169,7 +174,7 @@ def _read_toml(path: str) -> dict[str, Any]:
 
 
 _INTS = {"max_concurrency", "max_queue", "max_body_bytes", "max_connections", "max_connections_per_client",
-         "refusal_burst", "access_log_max_bytes", "access_log_backups"}
+         "refusal_burst", "access_log_max_bytes", "access_log_backups", "workers"}
 _FLOATS = {"max_queue_wait", "upstream_timeout", "header_timeout", "body_timeout", "idle_timeout", "refusal_rate"}
 _BOOLS = {"stream_usage"}
 _TRUE, _FALSE = {"true", "on", "yes", "1"}, {"false", "off", "no", "0"}
@@ -226,10 +231,12 @@ def _validate(config: GatewayConfig) -> None:
     _positive("max_body_bytes", config.max_body_bytes)
     _positive("upstream_timeout", config.upstream_timeout)
     for name in ("header_timeout", "body_timeout", "idle_timeout", "max_connections", "max_connections_per_client",
-                 "refusal_rate", "refusal_burst"):
+                 "refusal_rate", "refusal_burst", "workers"):
         _positive(name, getattr(config, name))
     _positive("access_log_max_bytes", config.access_log_max_bytes, allow_zero=True)
     _positive("access_log_backups", config.access_log_backups, allow_zero=True)
+    if config.workers > MAX_WORKERS:
+        raise ConfigError(f"workers must be at most {MAX_WORKERS}, got {config.workers}")
     if config.access_log == "":
         raise ConfigError("access_log must be '-', 'off' or a file path")
     if config.role not in (GATEWAY, PROXY):

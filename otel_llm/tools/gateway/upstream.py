@@ -21,8 +21,9 @@ import asyncio
 import re
 import socket
 import ssl
+import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import unquote
 
@@ -38,6 +39,7 @@ __all__ = ["Response", "Upstream"]
 
 HIGH_WATER = 256 * 1024  # buffered body bytes at which reading the upstream pauses
 LOW_WATER = 64 * 1024  # ... and resumes
+_perf_ns = time.perf_counter_ns
 _UNSAFE_TARGET = re.compile(rb"[^\x21-\x7e]")  # never sent raw in a request line
 
 
@@ -86,6 +88,7 @@ class _Connection(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.alive = True
         self.pool: list[_Connection] | None = None  # the idle list, while in it
+        self._silence: asyncio.TimerHandle | None = None
         self._reset(head_only=False)
 
     def _reset(self, head_only: bool) -> None:
@@ -103,6 +106,12 @@ class _Connection(asyncio.Protocol):
         self.paused = False
         self.error: BaseException | None = None
         self.waiter: asyncio.Future[None] | None = None
+        # While relayed (``Response.relay``): each body piece goes to ``forward`` from the parser's
+        # callback, and the waiting task is woken only to end or when ``forward`` says the
+        # caller is not keeping up (``congested``).
+        self.forward: Callable[[bytes], bool] | None = None
+        self.congested = False
+        self.last_data = 0.0
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -122,7 +131,11 @@ class _Connection(asyncio.Protocol):
             self._fail(httpx.RemoteProtocolError("the upstream switched protocols"))
         except httptools.HttpParserError as exc:
             self._fail(httpx.RemoteProtocolError(f"malformed upstream response: {exc}"))
-        if self.buffered > HIGH_WATER and not self.paused and self.transport is not None:
+        if self.forward is not None:
+            self.last_data = self.loop.time()
+            if not (self.done or self.congested or self.error is not None):
+                return  # relayed already: nothing for the task to do
+        elif self.buffered > HIGH_WATER and not self.paused and self.transport is not None:
             self.paused = True
             self.transport.pause_reading()
         self._wake()
@@ -168,9 +181,20 @@ class _Connection(asyncio.Protocol):
             self.done = True
 
     def on_body(self, body: bytes) -> None:
-        if not self.done:
+        if self.done:
+            return
+        if self.forward is None:
             self.chunks.append(body)
             self.buffered += len(body)
+        else:
+            self._pass(body)
+
+    def _pass(self, body: bytes) -> None:
+        assert self.forward is not None
+        if not self.forward(body) and not self.congested:
+            self.congested = True  # stop reading until the caller's side drained
+            if self.transport is not None:
+                self.transport.pause_reading()
 
     def on_message_complete(self) -> None:
         if self.head_done:
@@ -215,6 +239,28 @@ class _Connection(asyncio.Protocol):
         finally:
             timer.cancel()
             self.waiter = None
+
+    async def wait_relayed(self) -> None:
+        """Until the relayed answer ends, fails or congests; ReadTimeout after ``read_timeout`` s
+        with no data (one timer for the whole wait, re-armed from the last data, not one per piece)."""
+        loop = self.loop
+        waiter = self.waiter = loop.create_future()
+        self.last_data = loop.time()
+        self._silence = loop.call_later(self.read_timeout, self._check_silence, waiter)
+        try:
+            await waiter
+        finally:
+            if self._silence is not None:
+                self._silence.cancel()
+                self._silence = None
+            self.waiter = None
+
+    def _check_silence(self, waiter: asyncio.Future[None]) -> None:
+        quiet = self.loop.time() - self.last_data
+        if quiet >= self.read_timeout:
+            _expire(waiter)
+        elif not waiter.done():
+            self._silence = self.loop.call_later(self.read_timeout - quiet, self._check_silence, waiter)
 
     def take(self) -> bytes | None:
         """The next buffered body piece, if any."""
@@ -296,6 +342,61 @@ class Response:
         if self._call is not None:
             self._call.finish(END_EOF)
         raise StopAsyncIteration
+
+    async def relay(self, write: Callable[[bytes], bool], drained: Callable[[], Awaitable[None]]) -> int:
+        """Relay the body without a task switch or a message per piece: each piece goes to
+        ``write`` from the connection's callback as it arrives (the trace's timestamp first).
+        ``write`` returns False when the caller's side is full: reading then pauses until
+        ``drained()`` returns. Ends the answer, connection and trace as iterating it to the end
+        would; returns the nanoseconds reading waited for the caller."""
+        conn = self._conn
+        if conn is None:
+            return 0
+        call = self._call
+        if call is not None:
+            record = call.chunk
+
+            def forward(piece: bytes) -> bool:
+                record(piece)
+                return write(piece)
+            conn.forward = forward
+        else:
+            conn.forward = write
+        waited = 0
+        try:
+            while (piece := conn.take()) is not None:  # what arrived with the head
+                conn._pass(piece)
+            while not conn.done:
+                if conn.error is not None:
+                    raise conn.error
+                if conn.congested:
+                    started = _perf_ns()
+                    await drained()
+                    waited += _perf_ns() - started
+                    conn.congested = False
+                    if conn.transport is not None:
+                        conn.transport.resume_reading()
+                    continue
+                await conn.wait_relayed()
+        except BaseException as exc:
+            self._stop_relaying(conn)
+            self._end(reuse=False)
+            if call is not None:
+                call.finish_from_exception(exc)
+            raise
+        self._stop_relaying(conn)
+        self._end(reuse=True)
+        if call is not None:
+            call.finish(END_EOF)
+        return waited
+
+    @staticmethod
+    def _stop_relaying(conn: _Connection) -> None:
+        conn.forward = None
+        if conn.congested:  # ended with the caller's side still full: the connection reads again
+            conn.congested = False
+            if conn.transport is not None:
+                conn.transport.resume_reading()
 
     def first_token_ns(self) -> int:
         """When the piece holding the first token arrived (``perf_counter_ns``), as the trace has
