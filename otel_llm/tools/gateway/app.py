@@ -39,7 +39,8 @@ from otel_llm.tools.gateway.header_rules import request_headers, response_header
 from otel_llm.tools.gateway.refusals import REFUSED_OUTCOMES, RefusalLimiter
 from otel_llm.tools.gateway.rewrite import with_stream_usage
 from otel_llm.tools.gateway.server_telemetry import Exchange, GatewayTelemetry
-from otel_llm.tools.gateway.upstream import Response, Upstream
+from otel_llm.tools.gateway.backlog import Backlog, DeferredSink
+from otel_llm.tools.gateway.upstream import Response, Upstream, session_sink
 
 __all__ = ["Gateway", "HEALTH_PATH"]
 
@@ -62,7 +63,9 @@ class Gateway:
                  on_shutdown: Sequence[Callable[[], None]] = (),
                  call_sink: Callable[[], CallSink | None] | None = None) -> None:
         self.config = config
-        self._call_sink = call_sink  # where the upstream's model calls are recorded
+        self._call_sink = call_sink or session_sink  # where the upstream's model calls are recorded
+        self._deferred: DeferredSink | None = None
+        self.backlog = Backlog()  # each request's records, built after the answers in flight
         self.on_shutdown = list(on_shutdown)
         self.telemetry = telemetry
         self.keys = KeyStore(config.keys)
@@ -86,9 +89,11 @@ class Gateway:
             message = await receive()
             if message["type"] == "lifespan.startup":
                 self._client = self._new_client()
+                self.backlog.start(asyncio.get_running_loop())
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await self.aclose()
+                self.backlog.flush()  # the records of the last requests, before the providers flush
                 # Here, not after the server returns: uvicorn re-raises SIGTERM once it has
                 # drained, which ends the process before any code after it runs.
                 for callback in self.on_shutdown:
@@ -105,7 +110,17 @@ class Gateway:
         # ride along with the next caller's requests.
         config = self.config
         return Upstream(config.upstream.rstrip("/"), max_idle=config.max_concurrency, connect_timeout=10.0,
-                        read_timeout=config.upstream_timeout, get_sink=self._call_sink)
+                        read_timeout=config.upstream_timeout, get_sink=self._deferred_sink)
+
+    def _deferred_sink(self) -> CallSink | None:
+        """The call sink, its finished calls recorded through the backlog."""
+        sink = self._call_sink()
+        if sink is None:
+            return None
+        deferred = self._deferred
+        if deferred is None or deferred.wrapped is not sink:
+            deferred = self._deferred = DeferredSink(sink, self.backlog)
+        return deferred
 
     async def aclose(self) -> None:
         if self._client is not None:
@@ -127,11 +142,15 @@ class Gateway:
         try:
             await self._guarded(exchange, scope, receive, send, span)
         finally:
-            try:
-                self.telemetry.finish(exchange, span)
-            except Exception:
-                log_once("recording a gateway request failed")
+            exchange.end = _perf_ns()
+            self.backlog.submit(self._finish, exchange, span)  # after its model call's record
             otel_context.detach(token)
+
+    def _finish(self, exchange: Exchange, span: trace.Span) -> None:
+        try:
+            self.telemetry.finish(exchange, span)
+        except Exception:
+            log_once("recording a gateway request failed")
 
     async def _guarded(self, exchange: Exchange, scope: dict[str, Any], receive: Any, send: Any,
                        span: trace.Span) -> None:

@@ -35,7 +35,7 @@ from otel_llm.tools._log import log_once
 from otel_llm.capture.call import END_CLOSED, END_EOF, CallRequest, CallSink, LlmCall
 from otel_llm.capture.httpcore_dns import is_ip
 
-__all__ = ["Response", "Upstream"]
+__all__ = ["Response", "Upstream", "session_sink"]
 
 HIGH_WATER = 256 * 1024  # buffered body bytes at which reading the upstream pauses
 LOW_WATER = 64 * 1024  # ... and resumes
@@ -440,7 +440,7 @@ class Upstream:
             self._ssl.set_alpn_protocols(["http/1.1"])
         self._is_ip = is_ip(self.host)
         if get_sink is None:
-            get_sink = _session_sink
+            get_sink = session_sink
         self._get_sink: Callable[[], CallSink | None] = get_sink
 
     async def request(self, method: str, target: bytes, headers: list[tuple[str, str]], body: bytes) -> Response:
@@ -593,7 +593,7 @@ class Upstream:
             conn.close()
 
 
-def _session_sink() -> CallSink | None:
+def session_sink() -> CallSink | None:
     """The running session's sink (None: otel_llm is not instrumented)."""
     from otel_llm import current_session
 
