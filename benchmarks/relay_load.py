@@ -48,6 +48,7 @@ from typing import Any
 import psutil
 
 from otel_llm.tools.gateway.process import ProxyProcess
+from otel_llm_testing.markers import need
 from otel_llm_testing.nginx import NginxServer, ensure_nginx
 from otel_llm_testing.net import free_port
 
@@ -181,6 +182,7 @@ class Relay:
             self.port, self.pid = upstream.port, None
             return
         if way == "nginx":
+            need("backend", "nginx")
             self.port = free_port()
             server = NginxServer(_NGINX_SITE.format(upstream=upstream.port, port=self.port), self.port,
                                  ensure_nginx(), worker_connections=16384).start()

@@ -133,26 +133,43 @@ def _resource(options: Options) -> Resource:
     return Resource.create(attrs)
 
 
-def _otlp_exporters(options: Options, protocol: str, with_spans: bool = True,
-                    with_metrics: bool = True) -> tuple[SpanExporter | None, MetricExporter | None]:
+def _otlp_exporters(options: Options, protocol: str, with_spans: bool = True, with_metrics: bool = True,
+                    meter_provider: metrics.MeterProvider | None = None,
+                    ) -> tuple[SpanExporter | None, MetricExporter | None]:
     """(span exporter, metric exporter), each None when not asked for (a provider the
     application gave needs none: an unused exporter would hold a channel open); explicit
-    endpoints get the signal path appended for HTTP."""
+    endpoints get the signal path appended for HTTP. The span exporter counts what it exported
+    and failed to into ``meter_provider`` when the SDK's own metrics are on."""
     endpoint = options.endpoint
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-        return (OTLPSpanExporter(endpoint=endpoint) if with_spans else None,
+        return (_counted(OTLPSpanExporter, meter_provider, endpoint=endpoint) if with_spans else None,
                 OTLPMetricExporter(endpoint=endpoint) if with_metrics else None)
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetric
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpan
 
     if endpoint is None:  # the exporters read the standard variables themselves
-        return HttpSpan() if with_spans else None, HttpMetric() if with_metrics else None
+        return (_counted(HttpSpan, meter_provider) if with_spans else None,
+                HttpMetric() if with_metrics else None)
     base = endpoint.rstrip("/")
-    return (HttpSpan(endpoint=f"{base}/v1/traces") if with_spans else None,
+    return (_counted(HttpSpan, meter_provider, endpoint=f"{base}/v1/traces") if with_spans else None,
             HttpMetric(endpoint=f"{base}/v1/metrics") if with_metrics else None)
+
+
+def _counted(component: Any, meter_provider: metrics.MeterProvider | None, *args: Any, **kwargs: Any) -> Any:
+    """``component(*args, **kwargs)`` (a span processor or exporter) reporting the SDK's own
+    metrics (``otel.sdk.processor.span.processed``, ``otel.sdk.exporter.span.exported``...: what it
+    dropped and why) into otel_llm's meter provider rather than the global one. They are recorded
+    only when ``OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED`` is true; SDK releases without them
+    take no meter provider."""
+    if meter_provider is not None:
+        try:
+            return component(*args, meter_provider=meter_provider, **kwargs)
+        except TypeError:
+            pass
+    return component(*args, **kwargs)
 
 
 def metrics_exporters(environ: Mapping[str, str] | None = None) -> frozenset[str]:
@@ -271,27 +288,13 @@ def build_providers(options: Options) -> Providers:
     resource = _resource(options)
     endpoint = _otlp_endpoint(options)
     exporters = metrics_exporters() if given_meter is None else frozenset()
-    span_exporter: SpanExporter | None = None
     metric_exporter: MetricExporter | None = None
+    protocol = _protocol(options) if endpoint else ""
     if endpoint:
-        protocol = _protocol(options)
-        span_exporter, metric_exporter = _otlp_exporters(options, protocol, with_spans=given_tracer is None,
-                                                         with_metrics="otlp" in exporters)
+        _, metric_exporter = _otlp_exporters(options, protocol, with_spans=False, with_metrics="otlp" in exporters)
         description = f"OTLP {protocol} to {endpoint}"
         if given_tracer is not None:
             description = f"application tracer provider; metrics {description}" if metric_exporter else ""
-    if given_tracer is None:
-        # otel_llm shuts its own providers down at exit, after finishing calls still open.
-        own_tracer = TracerProvider(resource=resource, shutdown_on_exit=False)
-        if span_exporter is not None:
-            own_tracer.add_span_processor(BatchSpanProcessor(span_exporter))
-            traces_to = description
-        else:
-            _add_embedded(own_tracer, options)
-            traces_to = os.path.abspath(options.traces_file)
-            description = f"embedded default: {traces_to}"
-        owned.append(own_tracer)
-        given_tracer = own_tracer
     if given_meter is None:
         readers: list[MetricReader] = []
         if metric_exporter is not None:
@@ -306,16 +309,30 @@ def build_providers(options: Options) -> Providers:
         own_meter = MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False)
         owned.append(own_meter)
         given_meter = own_meter
+    if given_tracer is None:
+        # otel_llm shuts its own providers down at exit, after finishing calls still open.
+        own_tracer = TracerProvider(resource=resource, shutdown_on_exit=False)
+        if endpoint:
+            span_exporter, _ = _otlp_exporters(options, protocol, with_metrics=False, meter_provider=given_meter)
+            own_tracer.add_span_processor(_counted(BatchSpanProcessor, given_meter, span_exporter))
+            traces_to = description
+        else:
+            _add_embedded(own_tracer, options, given_meter)
+            traces_to = os.path.abspath(options.traces_file)
+            description = f"embedded default: {traces_to}"
+        owned.insert(0, own_tracer)  # shut down first: its spans' metrics still have a provider
+        given_tracer = own_tracer
     return Providers(given_tracer, given_meter, owned, description, traces_to)
 
 
-def _add_embedded(tracer_provider: SdkTracerProvider, options: Options) -> None:
+def _add_embedded(tracer_provider: SdkTracerProvider, options: Options,
+                  meter_provider: metrics.MeterProvider) -> None:
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     from otel_llm.export.jsonl import JsonLinesSpanExporter
     from otel_llm.export.summary import SummarySpanProcessor
 
     exporter = JsonLinesSpanExporter(options.traces_file, options.traces_file_max_bytes, options.traces_file_backups)
-    tracer_provider.add_span_processor(BatchSpanProcessor(exporter))
+    tracer_provider.add_span_processor(_counted(BatchSpanProcessor, meter_provider, exporter))
     if options.console_summary:
         tracer_provider.add_span_processor(SummarySpanProcessor())

@@ -415,3 +415,35 @@ def test_gateway_benchmark_puts_the_proxy_beside_nginx() -> None:
     assert re.search(rf"proxy / nginx: added median TTFB non-streamed chat {ratio}, streamed chat {ratio}; "
                      rf"CPU per streamed token {ratio}", out), out
     assert re.search(r"target: proxy's added median TTFB <= 0.5 ms on loopback: (PASS|MISS)", out)
+
+
+@pytest.mark.slow
+@pytest.mark.backend
+def test_relay_load_benchmark_puts_the_proxy_beside_nginx(tmp_path: Path) -> None:
+    """``benchmarks/relay_load.py`` at a small level: the compiled load (built with Debian's Go,
+    installed when missing), direct, nginx (installed when missing) and the proxy in turn, the
+    table and the ratios to nginx, and the figures in its JSON."""
+    from otel_llm_testing.nginx import ensure_nginx
+
+    ensure_nginx()
+    out_json = tmp_path / "relay.json"
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "relay_load.py"), "--levels", "16x50",
+                             "--tokens", "16", "--duration", "3", "--json", str(out_json)],
+                            capture_output=True, text=True, timeout=600, env=ENV)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert out.startswith("16 x 50 tok/s:"), out
+    for way in ("direct", "nginx", "proxy"):
+        assert re.search(rf"^  {way} +\d+ ", out, re.M), out
+    assert re.search(r"^  proxy vs nginx: chunks \d\.\d+x \((ok|NOT MET), >= 0\.98x\), TTFT p99 [-+]\d+\.\d ms", out,
+                     re.M), out
+    level = json.loads(out_json.read_text())["levels"]["16 x 50 tok/s"]
+    for way, figures in level["ways"].items():
+        assert figures["errors"] == 0, (way, figures)
+        # 16 streams at 50 tokens/s each deliver 800 a second when nothing holds them up; a relay
+        # that lost or held back events would deliver far fewer
+        assert 400 < figures["chunks_per_s"] <= 880, (way, figures)
+        assert figures["ttft_ms"]["p50"] >= 19, (way, figures)  # the upstream's first token comes at 20 ms
+    assert level["ways"]["direct"]["relay_cpu"] == 0
+    assert level["ways"]["nginx"]["relay_cpu"] > 0 and level["ways"]["proxy"]["relay_cpu"] > 0
+    assert set(level["verdict"]["met"]) == {"chunks", "ttft_p99_ms", "gap_p99_ms", "cpu", "errors"}

@@ -414,3 +414,35 @@ def test_workers_share_the_port_and_one_that_dies_is_replaced(sim: SimProcess, t
     assert len(_instances(spans)) >= 2, _instances(spans)
     servers = [s for s in spans if s["kind"] == KIND_SERVER]
     assert 8 <= len(servers) <= 24 and all(children(spans, s) for s in servers)
+
+
+@pytest.mark.slow
+def test_spans_dropped_at_volume_are_counted_and_the_streams_not_slowed(sim: SimProcess, tmp_path: Path) -> None:
+    """Traces go to an exporter that is down and the span queue is tiny: the calls answer as
+    fast as ever, the drops are counted by the SDK's own processor metric (scraped from the
+    proxy's Prometheus endpoint) and logged, not silently lost."""
+    import httpx
+
+    from otel_llm_testing.net import free_port
+
+    port = free_port()
+    env = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://127.0.0.1:{free_port()}/v1/traces",  # nothing listens
+           "OTEL_METRICS_EXPORTER": "prometheus", "OTEL_EXPORTER_PROMETHEUS_PORT": str(port),
+           "OTEL_BSP_MAX_QUEUE_SIZE": "8", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "4"}
+    with Proxy(sim.base_url, tmp_path, env=env) as proxy:
+        totals = []
+        for _ in range(12):
+            stream, timing = curl(proxy.url + CHAT, BODY)
+            assert timing["status"] == 200 and text_of(stream).endswith(f" tok{TOKENS - 1}")
+            totals.append(timing["total"])
+        # the simulator's own answer takes about 0.1 s; a stream held up by the export would take seconds
+        assert statistics.median(totals) < 0.5, totals
+
+        def dropped() -> float:
+            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+            found = re.findall(r'^otel_sdk_processor_span_processed(?:_total)?\{[^}]*error_type="queue_full"[^}]*\} '
+                               r'([0-9.e+]+)$', text, re.M)
+            return sum(map(float, found))
+        assert wait_for(lambda: dropped() > 0, 10), httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text[:3000]
+        assert dropped() >= 12  # a dozen calls of several spans each through a queue of 8
+    assert "Queue full, dropping Span" in proxy.log()

@@ -21,6 +21,7 @@ from otel_llm import current_session
 __all__ = ["build_app", "serve"]
 
 DEFAULT_SERVICE_NAME = "otel-llm-gateway"
+SDK_OWN_METRICS = "OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED"
 PROXY_SERVICE_NAME = "otel-llm-proxy"
 
 
@@ -84,6 +85,10 @@ def serve(config: GatewayConfig) -> int:
     except ImportError:
         print(f"{command} needs uvicorn: pip install 'otel-llm[gateway]'", file=sys.stderr)
         return 2
+    # What the span pipeline drops (a full queue, an exporter that is down) is counted by the SDK's
+    # own metrics (otel.sdk.processor.span.processed with error.type, otel.sdk.exporter.span.*),
+    # exported with the gateway's; the SDK logs the first drop. The variable set to false turns them off.
+    os.environ.setdefault(SDK_OWN_METRICS, "true")
     try:
         sockets = _listen_all(config.listen_host, config.listen_port, config.workers)
     except OSError as exc:
