@@ -185,7 +185,8 @@ RUN_BY = {
     "python benchmarks/observers.py --llama":
         PROJECT + "test_commands.py::test_observers_benchmark_runs_with_a_real_llama_server",
     "python benchmarks/gateway.py": PROJECT + "test_commands.py::test_gateway_benchmark_runs_and_reports_the_target",
-    "python benchmarks/relay_load.py": PROJECT + "test_commands.py::test_relay_load_benchmark_puts_the_proxy_beside_nginx",
+    "python benchmarks/relay_load.py":
+        PROJECT + "test_commands.py::test_relay_load_benchmark_puts_the_proxy_beside_nginx",
     "python benchmarks/startup.py --runs 5":
         PROJECT + "test_startup_benchmark.py::test_quick_run_reports_every_figure_and_target",
 }
