@@ -17,7 +17,9 @@ the load's CPU is reported too).
 Each level (``STREAMS x TOKENS_PER_S``) runs every way in turn on a fresh relay: ``direct`` (the
 client to the upstream), ``nginx`` (``proxy_buffering off``, HTTP/1.1 and kept-alive upstream
 connections, one worker, no access log) and ``proxy`` (``otel-llm proxy`` as a user runs it:
-default telemetry, exported over OTLP/HTTP to the sink, the summary line to a log file).
+default telemetry, exported over OTLP/HTTP to the sink, the summary line to a log file); on
+request ``gateway`` (``otel-llm gateway`` with one key the client presents, its upstream slots
+and queue out of the way, its access log to a file).
 A relay's CPU is the run time of all its processes' threads over the measured window.
 
     python benchmarks/relay_load.py [--levels 256x50,1024x10] [--ways direct,nginx,proxy]
@@ -47,7 +49,7 @@ from typing import Any
 
 import psutil
 
-from otel_llm.tools.gateway.process import ProxyProcess
+from otel_llm.tools.gateway.process import GatewayProcess, ProxyProcess
 from otel_llm_testing.markers import need
 from otel_llm_testing.nginx import NginxServer, ensure_nginx
 from otel_llm_testing.net import free_port
@@ -55,7 +57,12 @@ from otel_llm_testing.net import free_port
 SOURCE = Path(__file__).resolve().parent / "relayload" / "main.go"
 CACHE = Path(os.environ.get("OTEL_LLM_CACHE", Path.home() / ".cache" / "otel-llm"))
 WAYS = ("direct", "nginx", "proxy")
+EXTRA_WAYS = ("gateway",)  # on request: the gateway with a key, its queue out of the way
 PATH = "/v1/chat/completions"
+# One scheduler thread each: Go's idle threads spinning for work cost the relay's cores CPU when
+# the load is not pinned apart, and a pinned process gets one anyway (its CPU count)
+LOAD_ENV = {**os.environ, "GOMAXPROCS": "1"}
+RSS_EVERY = 10.0  # seconds between samples of the relay's memory
 TARGETS = {"chunks": 0.98, "ttft_p99_ms": 5.0, "gap_p99_ms": 2.0, "cpu": 2.5}
 _NGINX_SITE = """upstream model {{
     server 127.0.0.1:{upstream};
@@ -140,7 +147,7 @@ class Upstream:
 
     def __init__(self, binary: Path, tokens: int, pace: float, cpus: set[int] | None) -> None:
         self.proc = subprocess.Popen([str(binary), "upstream", "-listen", "127.0.0.1:0", "-sink", "127.0.0.1:0",
-                                      "-tokens", str(tokens), "-pace", str(pace)],
+                                      "-tokens", str(tokens), "-pace", str(pace)], env=LOAD_ENV,
                                      stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
         _pin(self.proc.pid, cpus)
         assert self.proc.stdout is not None
@@ -178,6 +185,7 @@ class Relay:
         self.way = way
         self._stop: Any = None
         self.log = ""
+        self.header = ""  # what the client must send (the gateway's key)
         if way == "direct":
             self.port, self.pid = upstream.port, None
             return
@@ -195,8 +203,18 @@ class Relay:
                                   log_path=log_dir / "proxy.log", startup_timeout=60).start()
             self.port = int(server.url.rsplit(":", 1)[1])
             self.pid, self._stop, self.log = server.pid, server.stop, str(server.log_path)
+        elif way == "gateway":
+            env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{upstream.sink_port}",
+                   "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", **proxy_env}
+            gateway = GatewayProcess(f"http://127.0.0.1:{upstream.port}", env=env, startup_timeout=60,
+                                     max_connections=65536, max_connections_per_client=65536,
+                                     max_concurrency=65536, max_queue=0, **_settings(proxy_args))
+            gateway.start()
+            self.port = int(gateway.url.rsplit(":", 1)[1])
+            self.header = f"Authorization: Bearer {gateway.secrets['default']}"
+            self.pid, self._stop, self.log = gateway.pid, gateway.stop, str(gateway.log_path)
         else:
-            raise SystemExit(f"relay_load: unknown way {way!r} (one of {', '.join(WAYS)})")
+            raise SystemExit(f"relay_load: unknown way {way!r} (one of {', '.join(WAYS + EXTRA_WAYS)})")
         for proc in _tree(self.pid):
             _pin(proc.pid, cpus)
 
@@ -218,8 +236,9 @@ def run_way(binary: Path, upstream: Upstream, level: Level, way: str, args: argp
     try:
         client = subprocess.Popen([str(binary), "client", "-url", f"http://127.0.0.1:{relay.port}{PATH}",
                                    "-streams", str(level.streams), "-warmup", f"{warmup}s", "-stagger", f"{stagger}s",
+                                   "-header", relay.header,
                                    "-duration", f"{args.duration}s"],
-                                  stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+                                  stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=LOAD_ENV)
         _pin(client.pid, load_cpus)
         time.sleep(warmup)
         relay_procs = relay.processes()  # a worker replaced during the run is counted from then on
@@ -227,7 +246,10 @@ def run_way(binary: Path, upstream: Upstream, level: Level, way: str, args: argp
         relay_before, load_before = cpu_seconds(relay_procs), cpu_seconds(load_procs)
         rss_before = _rss(relay_procs)
         started = time.monotonic()
-        time.sleep(args.duration)
+        rss_samples = []  # (seconds into the window, MiB): memory over a long run
+        while (left := args.duration - (time.monotonic() - started)) > 0:
+            time.sleep(min(left, RSS_EVERY))
+            rss_samples.append((round(time.monotonic() - started, 1), round(_rss(relay_procs) / 2**20, 1)))
         relay_after, load_after = cpu_seconds(relay_procs), cpu_seconds(load_procs)
         wall = time.monotonic() - started
         rss_after = _rss(relay_procs)
@@ -236,10 +258,18 @@ def run_way(binary: Path, upstream: Upstream, level: Level, way: str, args: argp
         result.update(way=way, level=str(level), relay_cpu=(relay_after - relay_before) / wall,
                       load_cpu=(load_after - load_before) / wall, relay_rss_mib=rss_after / 2**20,
                       relay_rss_growth_mib=(rss_after - rss_before) / 2**20,
-                      relay_processes=len(relay_procs))
+                      relay_processes=len(relay_procs), relay_rss_mib_over_time=rss_samples)
         return result
     finally:
         relay.stop()
+
+
+def _settings(proxy_args: list[str]) -> dict[str, str]:
+    """``--workers 2`` and the like as the gateway's settings (``workers="2"``)."""
+    settings = {}
+    for flag, value in zip(proxy_args[::2], proxy_args[1::2]):
+        settings[flag.lstrip("-").replace("-", "_")] = value
+    return settings
 
 
 def _rss(processes: list[psutil.Process]) -> int:
@@ -284,14 +314,16 @@ def table(level: str, results: dict[str, dict[str, Any]]) -> str:
                      f"{r['load_cpu']:>9.2f} {r['relay_rss_mib']:>8.0f} {r['requests']:>7} {r['errors']:>6}")
         if r.get("first_error"):
             lines.append(f"           first error: {r['first_error']}")
-    verdict = compare(results)
-    if verdict is not None:
+    for relay in ("proxy", "gateway"):
+        verdict = compare(results, relay)
+        if verdict is None:
+            continue
         v, met = verdict["vs_nginx"], verdict["met"]
 
         def mark(key: str) -> str:
             return "ok" if met[key] else "NOT MET"
 
-        lines.append(f"  proxy vs nginx: chunks {v['chunks']:.3f}x ({mark('chunks')}, >= {TARGETS['chunks']}x), "
+        lines.append(f"  {relay} vs nginx: chunks {v['chunks']:.3f}x ({mark('chunks')}, >= {TARGETS['chunks']}x), "
                      f"TTFT p99 {v['ttft_p99_ms']:+.1f} ms ({mark('ttft_p99_ms')}, <= +{TARGETS['ttft_p99_ms']:g}), "
                      f"gap p99 {v['gap_p99_ms']:+.1f} ms ({mark('gap_p99_ms')}, <= +{TARGETS['gap_p99_ms']:g}), "
                      f"CPU {v['cpu']:.2f}x ({mark('cpu')}, <= {TARGETS['cpu']}x), errors {mark('errors')}")
@@ -308,7 +340,7 @@ def _env_pair(text: str) -> tuple[str, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--levels", default="256x50,1024x10", help="STREAMSxTOKENS_PER_S, comma-separated")
-    parser.add_argument("--ways", default=",".join(WAYS))
+    parser.add_argument("--ways", default=",".join(WAYS), help=f"of {', '.join(WAYS + EXTRA_WAYS)}")
     parser.add_argument("--tokens", type=int, default=64, help="content events per answer")
     parser.add_argument("--warmup", type=float, help="seconds before the measured window (default: the stagger "
                         "and 2 s more)")
@@ -319,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--relay-cpus", default="1")
     parser.add_argument("--load-cpus", default="0")
     parser.add_argument("--no-pin", action="store_true", help="let the kernel place relay and load")
-    parser.add_argument("--proxy-args", default="", help="more flags for otel-llm proxy, e.g. '--workers 2'")
+    parser.add_argument("--proxy-args", default="",
+                        help="more flags for otel-llm proxy (and the gateway's settings), e.g. '--workers 2'")
     parser.add_argument("--proxy-env", type=_env_pair, action="append", default=[], metavar="NAME=VALUE")
     parser.add_argument("--json", type=Path, help="write every figure here")
     args = parser.parse_args(argv)
@@ -335,7 +368,8 @@ def main(argv: list[str] | None = None) -> int:
                 results = {way: run_way(binary, upstream, level, way, args, Path(tmp)) for way in ways}
             finally:
                 upstream.stop()
-            report["levels"][str(level)] = {"ways": results, "verdict": compare(results)}
+            report["levels"][str(level)] = {"ways": results, "verdict": compare(results),
+                                            "gateway_verdict": compare(results, "gateway")}
             print(table(str(level), results), flush=True)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")

@@ -145,6 +145,7 @@ func client(args []string) {
 	warmup := fs.Duration("warmup", 3*time.Second, "unmeasured time first (the streams ramp up)")
 	duration := fs.Duration("duration", 15*time.Second, "measured time")
 	stagger := fs.Duration("stagger", 20*time.Millisecond, "the streams' first requests spread over this long")
+	header := fs.String("header", "", "one more request header, 'Name: value' (a gateway's key)")
 	_ = fs.Parse(args)
 	if *url == "" {
 		fmt.Fprintln(os.Stderr, "relayload client: -url is required")
@@ -170,7 +171,7 @@ func client(args []string) {
 			// them as users' requests are; a short spread makes every stream end and restart in waves)
 			time.Sleep(time.Duration(i) * *stagger / time.Duration(*streams))
 			for time.Now().Before(until) {
-				one(httpClient, *url, body, from, until, s)
+				one(httpClient, *url, *header, body, from, until, s)
 			}
 		}(i)
 	}
@@ -191,7 +192,7 @@ func client(args []string) {
 	_ = json.NewEncoder(os.Stdout).Encode(out)
 }
 
-func one(c *http.Client, url string, body []byte, from, until time.Time, s *samples) {
+func one(c *http.Client, url string, header string, body []byte, from, until time.Time, s *samples) {
 	start := time.Now()
 	measured := !start.Before(from) && start.Before(until)
 	var ttft float64 = -1
@@ -208,7 +209,16 @@ func one(c *http.Client, url string, body []byte, from, until time.Time, s *samp
 		}
 		s.mu.Unlock()
 	}
-	resp, err := c.Post(url, "application/json", bytes.NewReader(body))
+	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		fail(err)
+		return
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if name, value, found := strings.Cut(header, ":"); found {
+		req.Header.Set(strings.TrimSpace(name), strings.TrimSpace(value))
+	}
+	resp, err := c.Do(req)
 	if err != nil {
 		fail(err)
 		time.Sleep(10 * time.Millisecond)

@@ -757,3 +757,46 @@ def test_cancelled_direct_relay_closes_the_upstream_and_ends_the_call(otel: Otel
     (call,) = otel.calls()
     assert call.attributes["llm.client.end_reason"] == "cancelled"
     assert call.attributes["llm.client.chunks"] >= 3
+
+
+def test_the_direct_relay_is_taken_only_behind_uvicorns_chunked_response() -> None:
+    """The gateway writes a stream's pieces itself only through uvicorn's response cycle once it
+    sent a chunked head; any other ``send`` (another server, a test's) gets ASGI messages. The
+    names it relies on are uvicorn's own: an upgrade that renamed them would fall back, silently
+    dearer, so they are checked against uvicorn's source here."""
+    import inspect
+
+    from uvicorn.protocols.http.flow_control import FlowControl
+    from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+    from otel_llm.tools.gateway.app import _chunked_cycle
+
+    source = inspect.getsource(RequestResponseCycle.__init__)
+    for name in ("transport", "flow", "disconnected", "chunked_encoding", "response_complete"):
+        assert re.search(rf"self\.{name}\b[^=\n]*=", source), name
+    assert hasattr(FlowControl, "drain") and "self.write_paused" in inspect.getsource(FlowControl.__init__)
+
+    class Flow:
+        write_paused = False
+
+        async def drain(self) -> None:
+            return None
+
+    class Cycle:
+        chunked_encoding: bool | None = True
+        response_complete = False
+        transport = object()
+        flow = Flow()
+        disconnected = False
+
+        async def send(self, message: dict[str, Any]) -> None:
+            return None
+
+    cycle = Cycle()
+    assert _chunked_cycle(cycle.send) is cycle
+    cycle.chunked_encoding = None  # a Content-Length answer, or HEAD
+    assert _chunked_cycle(cycle.send) is None
+
+    async def plain_send(message: dict[str, Any]) -> None:
+        return None
+    assert _chunked_cycle(plain_send) is None

@@ -317,9 +317,9 @@ class Gateway:
         transport, flow = cycle.transport, cycle.flow
 
         def write(piece: bytes) -> bool:
-            exchange.bytes_out += len(piece)
             if cycle.disconnected:
                 return False
+            exchange.bytes_out += len(piece)
             transport.write(b"%x\r\n%b\r\n" % (len(piece), piece))
             return not flow.write_paused
 
@@ -350,10 +350,10 @@ class Gateway:
 
 
 def _chunked_cycle(send: Any) -> Any:
-    """uvicorn's response cycle behind ``send`` once it sent a chunked head (the only framing a
-    streamed answer gets here: the upstream's Content-Length and Transfer-Encoding never pass),
-    whose transport and flow control ``_relay_direct`` writes through; None under another
-    server or for a head of another framing, which are relayed message by message."""
+    """uvicorn's response cycle behind ``send`` once it sent a chunked head (a streamed answer's:
+    the upstream's Transfer-Encoding does not pass, and a stream has no Content-Length), whose
+    transport and flow control ``_relay_direct`` writes through; None under another server, or
+    for an answer with a Content-Length or to HEAD, which are relayed message by message."""
     cycle = getattr(send, "__self__", None)
     if getattr(cycle, "chunked_encoding", None) is not True or getattr(cycle, "response_complete", True):
         return None
