@@ -143,6 +143,10 @@ class Gateway:
             await self._guarded(exchange, scope, receive, send, span)
         finally:
             exchange.end = _perf_ns()
+            try:
+                self.telemetry.log_access(exchange, span)
+            except Exception:
+                log_once("writing a gateway access line failed")
             self.backlog.submit(self._finish, exchange, span)  # after its model call's record
             otel_context.detach(token)
 

@@ -237,7 +237,7 @@ class GatewayTelemetry:
                                       start_time=exchange.epoch0)
 
     def finish(self, exchange: Exchange, span: trace.Span) -> None:
-        """End the span tree, record metrics and write the access line; never raises."""
+        """End the span tree and record the metrics (``log_access`` writes the access line)."""
         exchange.end = exchange.end or _perf_ns()
         try:
             if exchange.recorded or not isinstance(span, _PendingSpan):  # a started span must end
@@ -315,8 +315,12 @@ class GatewayTelemetry:
             self.queue_wait.record(exchange.queue_wait_s, {sc.LLM_GATEWAY_OUTCOME: exchange.outcome})
         self.duration.record((exchange.end - exchange.t0) / 1e9, {  # type: ignore[operator]
             sc.HTTP_REQUEST_METHOD: exchange.method, sc.HTTP_RESPONSE_STATUS_CODE: exchange.status})
+
+    def log_access(self, exchange: Exchange, span: trace.Span) -> None:
+        """The request's access line, written as it ends (the spans and metrics may come later)."""
         if self.access_log is not None and exchange.recorded:
-            self.access_log.info(json.dumps(self._access_record(exchange, span_context), separators=(",", ":")))
+            line = json.dumps(self._access_record(exchange, span.get_span_context()), separators=(",", ":"))
+            self.access_log.info(line)
 
     @staticmethod
     def _access_record(exchange: Exchange, span_context: trace.SpanContext) -> dict[str, Any]:
