@@ -421,20 +421,26 @@ def test_read_timeout_before_the_head_and_within_the_body() -> None:
     asyncio.run(run())
 
 
-def test_slow_reader_pauses_the_upstream_instead_of_buffering() -> None:
-    size = 64 * 1024 * 1024  # well beyond what the kernel buffers on loopback
-    pattern = bytes(range(256)) * 4096  # 1 MiB
+BIG_SIZE = 64 * 1024 * 1024  # well beyond what the kernel buffers on loopback
+PATTERN = bytes(range(256)) * 4096  # 1 MiB
 
-    async def answer(server: Server, reader: Any, writer: asyncio.StreamWriter, seen: Seen) -> bool:
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size)
-        for _ in range(size // len(pattern)):
-            writer.write(pattern)
-            await writer.drain()
-        server.seen.append(Seen(-1, b"all written", b""))
-        return True
+
+async def _big_answer(server: Server, reader: Any, writer: asyncio.StreamWriter, seen: Seen) -> bool:
+    """BIG_SIZE bytes of PATTERN, written as fast as the client takes them; a mark in ``seen`` once
+    all of it was written."""
+    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % BIG_SIZE)
+    for _ in range(BIG_SIZE // len(PATTERN)):
+        writer.write(PATTERN)
+        await writer.drain()
+    server.seen.append(Seen(-1, b"all written", b""))
+    return True
+
+
+def test_slow_reader_pauses_the_upstream_instead_of_buffering() -> None:
+    size, pattern = BIG_SIZE, PATTERN
 
     async def run() -> None:
-        async with Server(answer) as server:
+        async with Server(_big_answer) as server:
             up = client(server.url)
             response = await up.request("POST", CHAT, JSON, b"{}")
             conn = response._conn
@@ -688,19 +694,10 @@ def test_relay_times_out_on_silence_not_on_a_long_answer() -> None:
 def test_relay_pauses_the_upstream_while_the_caller_side_is_full() -> None:
     """``write`` saying False stops reading until ``drained()`` returns: the server cannot write
     everything meanwhile, and every byte still arrives in order; the wait is returned."""
-    size = 64 * 1024 * 1024
-    pattern = bytes(range(256)) * 4096
-
-    async def answer(server: Server, reader: Any, writer: asyncio.StreamWriter, seen: Seen) -> bool:
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size)
-        for _ in range(size // len(pattern)):
-            writer.write(pattern)
-            await writer.drain()
-        server.seen.append(Seen(-1, b"all written", b""))
-        return True
+    size, pattern = BIG_SIZE, PATTERN
 
     async def run() -> None:
-        async with Server(answer) as server:
+        async with Server(_big_answer) as server:
             up = client(server.url)
             response = await up.request("POST", CHAT, JSON, b"{}")
             received = bytearray()
