@@ -295,6 +295,7 @@ def build_providers(options: Options) -> Providers:
         description = f"OTLP {protocol} to {endpoint}"
         if given_tracer is not None:
             description = f"application tracer provider; metrics {description}" if metric_exporter else ""
+    prometheus = ""  # said after where the traces go
     if given_meter is None:
         readers: list[MetricReader] = []
         if metric_exporter is not None:
@@ -305,7 +306,7 @@ def build_providers(options: Options) -> Providers:
                 readers.append(reader)
                 served = serve_prometheus(*prometheus_address())
                 if served is not None:
-                    description += f"; metrics on Prometheus {_url(*served)}"
+                    prometheus = f"; metrics on Prometheus {_url(*served)}"
         own_meter = MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False)
         owned.append(own_meter)
         given_meter = own_meter
@@ -322,7 +323,7 @@ def build_providers(options: Options) -> Providers:
             description = f"embedded default: {traces_to}"
         owned.insert(0, own_tracer)  # shut down first: its spans' metrics still have a provider
         given_tracer = own_tracer
-    return Providers(given_tracer, given_meter, owned, description, traces_to)
+    return Providers(given_tracer, given_meter, owned, description + prometheus, traces_to)
 
 
 def _add_embedded(tracer_provider: SdkTracerProvider, options: Options,
