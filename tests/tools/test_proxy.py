@@ -417,6 +417,7 @@ def test_workers_share_the_port_and_one_that_dies_is_replaced(sim: SimProcess, t
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_spans_dropped_at_volume_are_counted_and_the_streams_not_slowed(sim: SimProcess, tmp_path: Path) -> None:
     """Traces go to an exporter that is down and the span queue is tiny: the calls answer as
     fast as ever, the drops are counted by the SDK's own processor metric (scraped from the
