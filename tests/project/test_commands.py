@@ -419,6 +419,7 @@ def test_gateway_benchmark_puts_the_proxy_beside_nginx() -> None:
 
 @pytest.mark.slow
 @pytest.mark.backend
+@pytest.mark.timing
 def test_relay_load_benchmark_puts_the_proxy_beside_nginx(tmp_path: Path) -> None:
     """``benchmarks/relay_load.py`` at a small level: the compiled load (built with Debian's Go,
     installed when missing), direct, nginx (installed when missing) and the proxy in turn, the
