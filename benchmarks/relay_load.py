@@ -189,6 +189,8 @@ class Relay:
         if way == "direct":
             self.port, self.pid = upstream.port, None
             return
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{upstream.sink_port}",
+               "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", **proxy_env}
         if way == "nginx":
             need("backend", "nginx")
             self.port = free_port()
@@ -196,16 +198,12 @@ class Relay:
                                  ensure_nginx(), worker_connections=16384).start()
             self.pid, self._stop, self.log = server.pid, server.stop, str(server.dir)
         elif way == "proxy":
-            env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{upstream.sink_port}",
-                   "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", **proxy_env}
             server = ProxyProcess(f"http://127.0.0.1:{upstream.port}", "--max-connections", "65536",
                                   "--max-connections-per-client", "65536", *proxy_args, env=env,
                                   log_path=log_dir / "proxy.log", startup_timeout=60).start()
             self.port = int(server.url.rsplit(":", 1)[1])
             self.pid, self._stop, self.log = server.pid, server.stop, str(server.log_path)
         elif way == "gateway":
-            env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{upstream.sink_port}",
-                   "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", **proxy_env}
             gateway = GatewayProcess(f"http://127.0.0.1:{upstream.port}", env=env, startup_timeout=60,
                                      max_connections=65536, max_connections_per_client=65536,
                                      max_concurrency=65536, max_queue=0, **_settings(proxy_args))

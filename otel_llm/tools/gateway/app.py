@@ -287,24 +287,11 @@ class Gateway:
         exchange.head_sent = _perf_ns()
         exchange.caller_timed = self._times_writes
         cycle = _chunked_cycle(send)
-        if cycle is not None:
-            await self._relay_direct(exchange, response, cycle)
-            return
-        # the proxy notes when each piece was written to the caller, and how long writing waited
-        # for it (the server's ``send`` waits while the caller is not reading)
-        writes = exchange.writes = [] if self._times_writes else None
         try:
-            async for chunk in response:
-                exchange.bytes_out += len(chunk)
-                if writes is None:
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                    continue
-                arrived = _perf_ns()
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                written = _perf_ns()
-                exchange.write_wait += written - arrived
-                if len(writes) < MAX_WRITES:
-                    writes.append((arrived, written))
+            if cycle is not None:
+                await self._relay_direct(exchange, response, cycle)
+            else:
+                await self._relay_messages(exchange, response, send)
         except httpx.HTTPError as exc:
             # Too late for an error status: the server drops the connection, so the caller sees
             # a truncated response rather than a complete-looking one.
@@ -312,6 +299,23 @@ class Gateway:
             raise
         exchange.complete = True
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _relay_messages(self, exchange: Exchange, response: Response, send: Any) -> None:
+        """The body as ASGI messages, one per piece (any server but uvicorn's chunked response)."""
+        # the proxy notes when each piece was written to the caller, and how long writing waited
+        # for it (the server's ``send`` waits while the caller is not reading)
+        writes = exchange.writes = [] if self._times_writes else None
+        async for chunk in response:
+            exchange.bytes_out += len(chunk)
+            if writes is None:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                continue
+            arrived = _perf_ns()
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            written = _perf_ns()
+            exchange.write_wait += written - arrived
+            if len(writes) < MAX_WRITES:
+                writes.append((arrived, written))
 
     async def _relay_direct(self, exchange: Exchange, response: Response, cycle: Any) -> None:
         """The body straight from the upstream connection's callback into the caller's transport,
@@ -335,14 +339,9 @@ class Gateway:
 
         try:
             exchange.write_wait += await response.relay(write, drained)
-        except httpx.HTTPError as exc:
-            exchange.outcome, exchange.error = "upstream_error", type(exc).__name__
-            raise
         finally:
             if self._times_writes:
                 exchange.first_token_written = response.first_token_ns() or None
-        exchange.complete = True
-        await cycle.send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _deny(self, exchange: Exchange, send: Any, status: int, outcome: str, message: str,
                     headers: Any = ()) -> None:

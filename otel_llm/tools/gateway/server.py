@@ -195,7 +195,7 @@ class _Supervisor:
             for other, sock in enumerate(self.sockets):
                 if other != index:
                     sock.close()
-            _distinct_instance(index)
+            _distinct_instance()
             app, _ = build_app(self.config)
             code = _serve_one(self.config, app, self.sockets[index])
         except SystemExit as exc:
@@ -224,7 +224,7 @@ def _signal(pid: int, signum: int) -> None:
         pass
 
 
-def _distinct_instance(index: int) -> None:
+def _distinct_instance() -> None:
     """Each worker is its own ``service.instance.id`` (unless the user named the instance), so a
     backend keeps the workers' cumulative metrics apart instead of taking them for one series."""
     variable = "OTEL_RESOURCE_ATTRIBUTES"
